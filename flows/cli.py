@@ -1,0 +1,173 @@
+"""The ``conveyor`` command line: parse, call the rooms, map errors to exit codes.
+
+Exit codes (SPEC.md section 4): 0 ok, 1 a stage failed, 2 a bad spec or usage. Errors
+print as one clear message, never a traceback. Prefect is imported only by ``run``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from flows import dag
+from flows.errors import ConveyorError, UsageError
+from flows.project import Project, load_project, resolve_spec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow.")
+out = Console()
+err = Console(stderr=True)
+
+SpecOption = Annotated[Path | None, typer.Option(
+    "-c", "--config", help="Spec file (default: configs/pipeline.yaml under the project root).")]
+StagesArg = Annotated[list[str] | None, typer.Argument(
+    help="Stages to run (with their upstream); all when omitted.")]
+DownstreamOption = Annotated[bool, typer.Option("--downstream", help="Run the given stages and everything after them.")]
+ForceOption = Annotated[bool, typer.Option("--force", "-f", help="Run selected stages even when up to date.")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show what would run and why; run nothing.")]
+ProfileOption = Annotated[list[str] | None, typer.Option(
+    "--profile", help="Swap a profile for this run: NAME=PROFILE.")]
+
+
+def _project(config: Path | None) -> Project:
+    return load_project(resolve_spec(config))
+
+
+def _check_stages(project: Project, stages: list[str]) -> None:
+    unknown = [s for s in stages if s not in project.pipeline.stages]
+    if unknown:
+        from flows.spec import did_you_mean
+
+        hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
+        raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
+
+
+def _overrides(pairs: list[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, target = pair.partition("=")
+        if not sep or not name or not target:
+            raise UsageError(f"--profile {pair!r}: write it as NAME=PROFILE (e.g. --profile gpu=remote)")
+        result[name] = target
+    return result
+
+
+@app.command()
+def run(
+    stages: StagesArg = None,
+    config: SpecOption = None,
+    downstream: DownstreamOption = False,
+    force: ForceOption = False,
+    dry_run: DryRunOption = False,
+    profile: ProfileOption = None,
+) -> None:
+    """Run the pipeline as a Prefect flow; unchanged stages are skipped."""
+    project = _project(config)
+    targets = stages or []
+    _check_stages(project, targets)
+    overrides = _overrides(profile or [])
+    from flows.profiles import Profiles
+
+    Profiles(project.pipeline.profiles, overrides)  # unknown profile names: exit 2 before any work
+    selected = dag.select(project.graph, targets, downstream=downstream)
+    if dry_run:
+        from flows.fingerprint import plan
+        from flows.view import status_table
+
+        out.print(status_table(plan(project, selected, force=force)))
+        return
+    # The live view shows progress; Prefect's INFO lines still reach its API and UI.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.pipeline import RunOptions, resume_command, run_pipeline
+    from flows.view import summary
+
+    record = run_pipeline(project.spec_path, RunOptions(tuple(targets), downstream, force, overrides))
+    err.print(summary(record, resume_command(project, record)))
+    if record.status != "succeeded":
+        raise typer.Exit(1)
+
+
+@app.command()
+def validate(config: SpecOption = None) -> None:
+    """Check the spec and its params; exit 2 listing every problem."""
+    project = _project(config)
+    n = len(project.pipeline.stages)
+    out.print(f"{project.rel(project.spec_path)}: ok ({n} stage{'s' if n != 1 else ''}, "
+              f"{len(project.pipeline.profiles)} profiles)")
+
+
+@app.command()
+def status(config: SpecOption = None) -> None:
+    """Which stages are stale, and why (dep, param, code changed)."""
+    from flows.fingerprint import plan
+    from flows.view import status_table
+
+    project = _project(config)
+    out.print(status_table(plan(project, set(project.order))))
+
+
+class DagFormat(StrEnum):
+    text = "text"
+    mermaid = "mermaid"
+    dot = "dot"
+
+
+@app.command("dag")
+def show_dag(
+    config: SpecOption = None,
+    fmt: Annotated[DagFormat, typer.Option("--format", help="text, mermaid or dot.")] = DagFormat.text,
+) -> None:
+    """Print the DAG."""
+    from flows.render import render_dag
+
+    project = _project(config)
+    out.print(render_dag(project, fmt.value), highlight=False, markup=False)
+
+
+@app.command("exec")
+def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], config: SpecOption = None) -> None:
+    """Run exactly one stage in this process, with its profile (what dvc.yaml calls)."""
+    from flows.stage import run_one
+
+    project = _project(config)
+    _check_stages(project, [stage])
+    run_one(project, stage)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> None:
+    """Console entry point: one message and an exit code for every conveyor error."""
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up clusters on `kill` as on Ctrl-C
+    try:
+        app(standalone_mode=False)
+    except ConveyorError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted: clusters and workers were stopped; outs of unfinished stages are unchanged")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The pipeline as a graph: edges, cycles, order, selection, and the scheduling state.
+
+Pure functions over :class:`flows.spec.Pipeline`; no I/O, no clusters. Edges come from
+``needs`` and from data: stage A feeds stage B when an out of A is, contains, or lies
+inside a dep of B (the way DVC links stages).
+"""
+
+from __future__ import annotations
+
+import graphlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from flows.spec import Pipeline
+
+Graph = Mapping[str, frozenset[str]]  # stage -> the stages it waits for
+
+
+def overlaps(a: str, b: str) -> bool:
+    """True when path ``a`` is ``b``, or one is a directory holding the other."""
+    a, b = a.rstrip("/"), b.rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def upstream_graph(pipeline: Pipeline) -> dict[str, frozenset[str]]:
+    """For every stage, the stages it depends on (``needs`` ∪ producers of its deps)."""
+    graph: dict[str, frozenset[str]] = {}
+    for name, stage in pipeline.stages.items():
+        producers = {
+            other
+            for other, o_stage in pipeline.stages.items()
+            if other != name
+            and any(overlaps(out, dep) for out in o_stage.written for dep in stage.deps)
+        }
+        graph[name] = frozenset(producers | (set(stage.needs) & set(pipeline.stages)))
+    return graph
+
+
+def downstream_graph(graph: Graph) -> dict[str, frozenset[str]]:
+    """Invert an upstream graph: for every stage, the stages that wait for it."""
+    down: dict[str, set[str]] = {name: set() for name in graph}
+    for name, ups in graph.items():
+        for up in ups:
+            down[up].add(name)
+    return {name: frozenset(v) for name, v in down.items()}
+
+
+def find_cycle(graph: Graph) -> list[str] | None:
+    """A cycle as ``[a, b, a]``, or None when the graph is a DAG."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle = list(exc.args[1])
+        return list(reversed(cycle))  # graphlib lists it against the edge direction
+    return None
+
+
+def topological_order(graph: Graph, spec_order: Iterable[str] | None = None) -> list[str]:
+    """Stages in dependency order; ties broken by their order in the spec."""
+    rank = {name: i for i, name in enumerate(spec_order or graph)}
+    sorter = graphlib.TopologicalSorter(graph)
+    sorter.prepare()
+    order: list[str] = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=lambda n: rank.get(n, len(rank)))
+        order += ready
+        sorter.done(*ready)
+    return order
+
+
+def closure(graph: Graph, start: Iterable[str]) -> set[str]:
+    """``start`` and everything reachable from it along ``graph``."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    return seen
+
+
+def select(graph: Graph, targets: Iterable[str], *, downstream: bool = False) -> set[str]:
+    """The stages a run of ``targets`` covers, as ``dvc repro`` does.
+
+    Without ``downstream``: the targets and everything they depend on (unchanged ones are
+    skipped later). With it: the targets and everything that depends on them.
+    """
+    targets = list(targets)
+    if not targets:
+        return set(graph)
+    return closure(downstream_graph(graph) if downstream else graph, targets)
+
+
+def critical_path(graph: Graph, durations: Mapping[str, float]) -> tuple[list[str], float]:
+    """The longest chain of stage durations through the DAG (the Amdahl bound of a run)."""
+    best: dict[str, tuple[float, list[str]]] = {}
+    for name in topological_order(graph):
+        prev = max((best[u] for u in graph[name] if u in best), default=(0.0, []))
+        best[name] = (prev[0] + durations.get(name, 0.0), [*prev[1], name])
+    if not best:
+        return [], 0.0
+    total, path = max(best.values(), key=lambda v: v[0])
+    return path, total
+
+
+class Outcome(StrEnum):
+    """How a stage ended in one run (SPEC.md section 5)."""
+
+    SUCCEEDED = "succeeded"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    NOT_RUN = "not_run"
+
+
+@dataclass
+class Schedule:
+    """Which stages may start now: the one scheduling loop's state, events in, work out.
+
+    Stages outside ``selected`` count as satisfied. A failure marks every stage downstream
+    of it ``not_run``; independent branches go on.
+
+        a ──► b ──► d        a fails → b, d not run; c still runs
+        └───► c
+    """
+
+    graph: Graph
+    selected: set[str]
+    order: list[str] = field(default_factory=list)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if not self.order:
+            self.order = topological_order(self.graph)
+        self.order = [n for n in self.order if n in self.selected]
+
+    def ready(self) -> list[str]:
+        """Stages whose upstream all succeeded or were skipped, not yet started; marks them started."""
+        ok = {Outcome.SUCCEEDED, Outcome.SKIPPED}
+        ready = [
+            name for name in self.order
+            if name not in self.started
+            and all(u not in self.selected or self.outcomes.get(u) in ok for u in self.graph[name])
+        ]
+        self.started.update(ready)
+        return ready
+
+    def finish(self, stage: str, outcome: Outcome) -> list[str]:
+        """Record how ``stage`` ended; returns the stages that will now never run."""
+        self.outcomes[stage] = outcome
+        if outcome is not Outcome.FAILED:
+            return []
+        down = closure(downstream_graph(self.graph), [stage]) - {stage}
+        lost = [n for n in self.order if n in down and n not in self.started]
+        for name in lost:
+            self.outcomes[name] = Outcome.NOT_RUN
+            self.started.add(name)
+        return lost
+
+    @property
+    def running(self) -> set[str]:
+        return self.started - set(self.outcomes)
+
+    @property
+    def finished(self) -> bool:
+        return all(name in self.outcomes for name in self.order)

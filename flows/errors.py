@@ -1,0 +1,78 @@
+"""One exception tree for conveyor.
+
+Each error carries typed attributes and builds its message in ``__str__``, so callers
+(the CLI above all) can map it to an exit code without parsing text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConveyorError(Exception):
+    """Base of every error conveyor raises on purpose."""
+
+    exit_code: int = 1
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    """One problem in a spec file: where it is and what to do about it."""
+
+    file: Path
+    line: int | None
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else f"{self.file}"
+        key = f" {self.key}:" if self.key else ""
+        return f"{where}{key} {self.message}"
+
+
+class SpecError(ConveyorError, ValueError):
+    """The spec (or params file) is invalid. Holds every issue found, not just the first."""
+
+    exit_code = 2
+
+    def __init__(self, issues: list[SpecIssue]) -> None:
+        super().__init__(issues)
+        self.issues = issues
+
+    def __str__(self) -> str:
+        files = sorted({str(i.file) for i in self.issues})
+        n = len(self.issues)
+        head = f"{n} error{'s' if n != 1 else ''} in {', '.join(files)}:"
+        return "\n".join([head, *(f"  {i}" for i in self.issues)])
+
+
+class UsageError(ConveyorError, ValueError):
+    """The command line asks for something the spec does not have."""
+
+    exit_code = 2
+
+
+class ProfileError(ConveyorError, RuntimeError):
+    """A compute profile could not be started (no GPU and no fallback, cluster unreachable)."""
+
+    exit_code = 1
+
+
+@dataclass
+class StageError(ConveyorError, RuntimeError):
+    """A stage's task failed, or did not write the outs it declared."""
+
+    stage: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"stage '{self.stage}' failed: {self.reason}"
+
+
+class MissingOutputError(StageError):
+    """A stage finished but left a declared out unwritten."""
+
+
+class RunLockedError(ConveyorError, RuntimeError):
+    """Another conveyor run holds the project's run lock."""

@@ -1,0 +1,220 @@
+"""When is a stage up to date? Content hashes of deps, code and outs, plus its params.
+
+The record has the shape of DVC's ``dvc.lock`` (schema 2.0: per stage ``cmd``, ``deps``,
+``params``, ``outs`` with md5 hashes), so the DVC integration can make it *be* dvc.lock.
+A stage is up to date when its current inputs and outs equal what was recorded at its
+last success; :func:`stale_reasons` says in words why not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.project import Project
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One path with its content hash, as a dvc.lock ``deps``/``outs`` item."""
+
+    path: str
+    md5: str
+    size: int
+    nfiles: int | None = None
+
+    def to_lock(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"path": self.path, "hash": "md5", "md5": self.md5, "size": self.size}
+        if self.nfiles is not None:
+            item["nfiles"] = self.nfiles
+        return item
+
+
+class Hasher:
+    """md5 of files and directories, remembered per (inode, mtime, size) within a process."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, int, int, int], str] = {}
+        self._lock = threading.Lock()
+
+    def file_md5(self, path: Path) -> str:
+        st = path.stat()
+        key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        digest = hashlib.md5()  # noqa: S324 - content fingerprint, as DVC
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                digest.update(chunk)
+        with self._lock:
+            self._memo[key] = digest.hexdigest()
+        return digest.hexdigest()
+
+    def entry(self, root: Path, rel: str) -> Entry | None:
+        """The entry for ``rel`` under ``root``; None when it does not exist."""
+        path = root / rel
+        if path.is_file():
+            return Entry(rel, self.file_md5(path), path.stat().st_size)
+        if path.is_dir():
+            return self._dir_entry(path, rel)
+        return None
+
+    def _dir_entry(self, path: Path, rel: str) -> Entry:
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        listing = [{"md5": self.file_md5(p), "relpath": p.relative_to(path).as_posix()} for p in files]
+        listing.sort(key=lambda item: item["relpath"])
+        blob = json.dumps(listing, sort_keys=True).encode()
+        md5 = hashlib.md5(blob).hexdigest() + ".dir"  # noqa: S324
+        return Entry(rel, md5, sum(p.stat().st_size for p in files), len(files))
+
+
+@dataclass(frozen=True)
+class StageState:
+    """What a stage's fingerprint is made of, now or at its last success."""
+
+    cmd: str
+    deps: tuple[Entry, ...]
+    params: Mapping[str, Any]
+    outs: tuple[Entry, ...]
+
+    def to_lock(self, params_file: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"cmd": self.cmd}
+        if self.deps:
+            body["deps"] = [e.to_lock() for e in self.deps]
+        if self.params:
+            body["params"] = {params_file: dict(self.params)}
+        if self.outs:
+            body["outs"] = [e.to_lock() for e in self.outs]
+        return body
+
+
+def stage_cmd(stage: str, project: Project) -> str:
+    """The command that runs one stage, as it appears in dvc.yaml and the record."""
+    default = project.root / "configs" / "pipeline.yaml"
+    spec = "" if project.spec_path == default else f" -c {project.rel(project.spec_path)}"
+    return f"conveyor exec {stage}{spec}"
+
+
+def code_paths(project: Project, stage: str) -> list[str]:
+    """The task's source files, relative to the root when inside it."""
+    return [p.relative_to(project.root).as_posix() if p.is_relative_to(project.root) else str(p)
+            for p in project.task_sources(stage)]
+
+
+def current_state(project: Project, stage: str, hasher: Hasher) -> StageState:
+    """The stage's fingerprint as the workspace is now (missing paths are left out)."""
+    spec = project.pipeline.stages[stage]
+    dep_paths = list(dict.fromkeys([*spec.deps, *code_paths(project, stage)]))
+    deps = tuple(e for p in dep_paths if (e := _entry(project.root, p, hasher)) is not None)
+    outs = tuple(e for p in spec.written if (e := hasher.entry(project.root, p)) is not None)
+    return StageState(stage_cmd(stage, project), deps, project.stage_params(stage), outs)
+
+
+def _entry(root: Path, path: str, hasher: Hasher) -> Entry | None:
+    if os.path.isabs(path):
+        p = Path(path)
+        return Entry(path, hasher.file_md5(p), p.stat().st_size) if p.is_file() else None
+    return hasher.entry(root, path)
+
+
+def stale_reasons(project: Project, stage: str, state: StageState,
+                  recorded: Mapping[str, Any] | None) -> list[str]:
+    """Why ``stage`` must run again; an empty list means it is up to date."""
+    if recorded is None:
+        return ["never run"]
+    spec = project.pipeline.stages[stage]
+    code = set(code_paths(project, stage))
+    reasons: list[str] = []
+    was = {d["path"]: d.get("md5") for d in recorded.get("deps", [])}
+    now = {e.path: e.md5 for e in state.deps}
+    for path in dict.fromkeys([*spec.deps, *sorted(code)]):
+        what = "code" if path in code else "dep"
+        if path not in now:
+            reasons.append(f"{what} missing: {path}")
+        elif was.get(path) != now[path]:
+            reasons.append(f"{what} changed: {path}")
+    old_params: Mapping[str, Any] = next(iter(recorded.get("params", {}).values()), {})
+    reasons += [f"params changed: {k}" for k in _changed_keys(old_params, dict(state.params))]
+    was_outs = {o["path"]: o.get("md5") for o in recorded.get("outs", [])}
+    now_outs = {e.path: e.md5 for e in state.outs}
+    for path in spec.written:
+        if path not in now_outs:
+            reasons.append(f"out missing: {path}")
+        elif was_outs.get(path) != now_outs[path]:
+            reasons.append(f"out changed: {path}")
+    if recorded.get("cmd") != state.cmd:
+        reasons.append("command changed")
+    return reasons
+
+
+def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = list(dict.fromkeys([*new, *old]))
+        return [c for k in keys for c in _changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [prefix.rstrip(".")] if old != new else []
+
+
+class LockRecord:
+    """The per-spec record of each stage's last success, written atomically.
+
+    Stages finishing in parallel threads update it one at a time; every write replaces
+    the file whole (write to a sibling, then rename), so a crash never leaves it torn.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_project(cls, project: Project) -> LockRecord:
+        rel = project.rel(project.spec_path).replace("/", "__")
+        return cls(project.root / ".conveyor" / "locks" / f"{rel}.lock")
+
+    def stages(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {}
+        data = yaml.safe_load(self.path.read_text(encoding="utf-8")) or {}
+        stages = data.get("stages", {})
+        return stages if isinstance(stages, dict) else {}
+
+    def save(self, stage: str, state: StageState, params_file: str) -> None:
+        with self._lock:
+            stages = self.stages()
+            stages[stage] = state.to_lock(params_file)
+            self._write({"schema": "2.0", "stages": stages})
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def plan(project: Project, selected: set[str], *, force: bool = False,
+         hasher: Hasher | None = None) -> dict[str, list[str]]:
+    """Why each selected stage would run, in order; stages that would be skipped map to ``[]``.
+
+    A stage downstream of one that runs is due too: its deps are about to change.
+    """
+    hasher = hasher or Hasher()
+    recorded = LockRecord.for_project(project).stages()
+    reasons: dict[str, list[str]] = {}
+    for stage in project.order:
+        if stage not in selected:
+            continue
+        own = ["forced"] if force else stale_reasons(
+            project, stage, current_state(project, stage, hasher), recorded.get(stage))
+        ups = [f"upstream '{u}' is stale" for u in sorted(project.graph[stage]) if reasons.get(u)]
+        reasons[stage] = own + ups
+    return reasons

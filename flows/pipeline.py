@@ -1,0 +1,163 @@
+"""The pipeline as a Prefect flow: one Prefect task per stage, submitted when its upstream succeeded.
+
+The scheduling loop lives here once: :class:`flows.dag.Schedule` says which stages may
+start, each becomes a Prefect task on the flow's thread-pool task runner, and a finished
+future is an event that may release its dependents. Independent branches therefore run
+at the same time; a failure stops only what depends on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import State, flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed
+
+from flows import dag
+from flows.dag import Outcome, Schedule
+from flows.errors import UsageError
+from flows.outputs import run_lock
+from flows.profiles import Profiles
+from flows.project import Project, load_project, resolve_spec
+from flows.record import RunRecord, StageRecord, new_run_id, now
+from flows.stage import StageRunner, short_error
+from flows.view import RunView
+
+log = logging.getLogger("conveyor")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What to run: a selection of stages (``dvc repro`` semantics), forced or not."""
+
+    stages: tuple[str, ...] = ()
+    downstream: bool = False
+    force: bool = False
+    profiles: Mapping[str, str] = field(default_factory=dict)
+
+
+def _stage_task(stage: str, runner: StageRunner) -> str:
+    return runner(stage).value
+
+
+def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord) -> RunRecord:
+    """Run the selected stages, each as soon as its upstream succeeded; fills ``run``."""
+    schedule = Schedule(project.graph, dag.select(project.graph, options.stages,
+                                                  downstream=options.downstream), order=project.order)
+    events: queue.Queue[str] = queue.Queue()
+    futures: dict[str, Any] = {}
+    began: dict[str, float] = {}
+    t0 = time.monotonic()
+    with run_lock(project.root), Profiles(project.pipeline.profiles, options.profiles) as profiles:
+        for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
+            view.console.print(f"[bold yellow]WARNING[/] {warning}")
+        runner = StageRunner(project, profiles, options.force, run, view)
+
+        def submit(stage: str) -> None:
+            spec = project.pipeline.stages[stage]
+            prefect_task = task(name=stage, task_run_name=stage, retries=spec.retries,
+                                retry_delay_seconds=spec.retry_delay_s, timeout_seconds=spec.timeout_s,
+                                cache_policy=NO_CACHE, persist_result=False)(_stage_task)
+            began[stage] = time.monotonic()
+            futures[stage] = prefect_task.submit(stage, runner)
+            futures[stage].add_done_callback(lambda _f: events.put(stage))
+
+        for stage in schedule.ready():
+            submit(stage)
+        while not schedule.finished:
+            stage = events.get()
+            outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view)
+            for lost in schedule.finish(stage, outcome):
+                run.stages[lost].reason = f"upstream '{stage}' failed"
+                view.finished(lost, Outcome.NOT_RUN, 0.0, run.stages[lost].reason)
+            for ready in schedule.ready():
+                submit(ready)
+    run.close(project.graph, time.monotonic() - t0)
+    return run
+
+
+def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunView) -> Outcome:
+    result = future.result(raise_on_failure=False)
+    record = run.stages[stage]
+    record.finished, record.duration_s = now().isoformat(), round(seconds, 3)
+    if isinstance(result, BaseException) or result is None:
+        outcome = Outcome.FAILED
+        record.error = short_error(result) if isinstance(result, BaseException) else "crashed"
+    else:
+        outcome = Outcome(result)
+    record.status = outcome.value
+    view.finished(stage, outcome, seconds, record.error or record.reason)
+    return outcome
+
+
+def _flow_run_name() -> str:
+    params = flow_run.parameters
+    try:
+        project = load_project(resolve_spec(Path(params.get("spec") or "configs/pipeline.yaml")))
+        return f"{project.pipeline.pipeline}-{now():%Y%m%d-%H%M%S}"
+    except Exception:  # noqa: BLE001 - a name must never fail the run
+        return "conveyor"
+
+
+def resume_command(project: Project, run: RunRecord) -> str | None:
+    """The command that re-runs what failed and everything after it."""
+    if not run.failed:
+        return None
+    spec = "" if project.spec_path == project.root / "configs/pipeline.yaml" \
+        else f" -c {project.rel(project.spec_path)}"
+    return f"conveyor run{spec} {' '.join(run.failed)} --downstream"
+
+
+def _summary_markdown(run: RunRecord) -> str:
+    rows = [f"| {n} | {s.status} | {s.duration_s:.1f} | {s.profile or ''} | {s.attempts} | "
+            f"{(s.error or s.reason).replace('|', '/')} |" for n, s in run.stages.items()]
+    return "\n".join([
+        f"# {run.pipeline}: {run.status}", "",
+        "| stage | status | duration (s) | profile | attempts | reason |", "|---|---|---|---|---|---|",
+        *rows, "",
+        f"critical path: {' → '.join(run.critical_path)} ({run.critical_path_s:.1f}s); "
+        f"wall {run.wall_s:.1f}s; speedup {run.speedup:.2f}x",
+    ])
+
+
+@flow(name="conveyor-pipeline", flow_run_name=_flow_run_name, persist_result=False, log_prints=True)
+def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
+                  downstream: bool = False, force: bool = False,
+                  profile: dict[str, str] | None = None) -> State[Any]:
+    """Run a conveyor pipeline: the stages of ``spec`` (or a selection) as Prefect tasks."""
+    project = load_project(resolve_spec(Path(spec)))
+    options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}))
+    unknown = [s for s in options.stages if s not in project.pipeline.stages]
+    if unknown:
+        raise UsageError(f"unknown stage(s): {', '.join(unknown)} (stages: {', '.join(project.order)})")
+    run = RunRecord(new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""))
+    selected = dag.select(project.graph, options.stages, downstream=options.downstream)
+    run.stages = {s: StageRecord() for s in project.order if s in selected}
+    with RunView(list(run.stages)) as view:
+        execute(project, options, view, run)
+    run.write(project.root)
+    create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
+                             description=f"conveyor run {run.run_id}")
+    message = f"{run.pipeline}: {run.status}"
+    if run.status == "failed":
+        return Failed(message=f"{message}; failed: {', '.join(run.failed)}", data=run.to_dict())
+    return Completed(message=message, data=run.to_dict())
+
+
+def run_pipeline(spec: Path, options: RunOptions) -> RunRecord:
+    """Run the flow in this process (embedded Prefect server unless PREFECT_API_URL is set)."""
+    state: State[Any] = pipeline_flow(spec=str(spec), stages=list(options.stages), downstream=options.downstream,
+                                      force=options.force, profile=dict(options.profiles), return_state=True)
+    data: Any = state.result(raise_on_failure=False)
+    if isinstance(data, BaseException):
+        raise data
+    return RunRecord.from_dict(data)

@@ -1,0 +1,195 @@
+"""Compute profiles: where a stage runs. One small class per kind, one interface.
+
+A :class:`Profiles` set belongs to one run: each profile starts on first use (a stage on
+it is about to run), is shared by every stage on it, and is closed when the run ends,
+also on failure and Ctrl-C, so no Dask worker outlives the run. Heavy imports
+(distributed, dask_cuda, dask_jobqueue) happen inside ``start``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from flows.errors import ProfileError, UsageError
+from flows.spec import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+log = logging.getLogger("conveyor.profiles")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a started profile gives the stages on it (the compute part of StageContext)."""
+
+    profile: str
+    client: Client | None = None
+    executor: Executor | None = None
+    n_workers: int = 1
+    devices: tuple[int, ...] = ()
+
+
+LOCAL = Resources(profile="local")
+
+
+def visible_gpus() -> tuple[int, ...]:
+    """GPU ids this process may use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return tuple(range(len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])))
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(int(line) for line in out.split() if line.strip().isdigit())
+
+
+def _start_threads(name: str, profile: ThreadsProfile, stack: ExitStack) -> Resources:
+    pool = ThreadPoolExecutor(max_workers=profile.max_workers, thread_name_prefix=f"conveyor-{name}")
+    stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+    return Resources(profile=name, executor=pool, n_workers=profile.max_workers)
+
+
+def _client(cluster: Any, stack: ExitStack) -> Client:
+    from distributed import Client
+
+    client: Client = stack.enter_context(Client(cluster, set_as_default=False))
+    return client
+
+
+def _n_workers(client: Client) -> int:
+    return len(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
+    from distributed import Client, LocalCluster
+
+    if profile.address is not None:
+        try:
+            client = stack.enter_context(Client(profile.address, set_as_default=False, timeout="30s"))
+        except OSError as exc:
+            raise ProfileError(f"profile '{name}': cannot reach the Dask scheduler at "
+                               f"{profile.address}: {exc}") from exc
+        return Resources(profile=name, client=client, n_workers=_n_workers(client))
+    options: dict[str, Any] = {
+        "n_workers": profile.n_workers, "threads_per_worker": profile.threads_per_worker,
+        "processes": profile.processes, "host": "127.0.0.1", "dashboard_address": ":0",
+    }
+    if profile.memory_limit is not None:
+        options["memory_limit"] = profile.memory_limit
+    if profile.local_directory is not None:
+        options["local_directory"] = profile.local_directory
+    cluster = stack.enter_context(LocalCluster(**options))
+    client = _client(cluster, stack)
+    return Resources(profile=name, client=client, n_workers=_n_workers(client))
+
+
+def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> Resources:
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as exc:
+        raise ProfileError(f"profile '{name}' needs dask-cuda: pip install 'conveyor[gpu]' ({exc})") from exc
+    options: dict[str, Any] = {"protocol": profile.protocol, "rmm_pool_size": profile.rmm_pool_size,
+                               "dashboard_address": ":0"}
+    if profile.devices is not None:
+        options["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, profile.devices))
+    if profile.memory_limit is not None:
+        options["memory_limit"] = profile.memory_limit
+    cluster = stack.enter_context(LocalCUDACluster(**{k: v for k, v in options.items() if v is not None}))
+    client = _client(cluster, stack)
+    devices = profile.devices if profile.devices is not None else visible_gpus()
+    return Resources(profile=name, client=client, n_workers=_n_workers(client), devices=tuple(devices))
+
+
+def _start_slurm(name: str, profile: SlurmProfile, stack: ExitStack) -> Resources:
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError as exc:
+        raise ProfileError(f"profile '{name}' needs dask-jobqueue: pip install dask-jobqueue ({exc})") from exc
+    cluster = stack.enter_context(SLURMCluster(
+        queue=profile.queue, cores=profile.cores, memory=profile.memory, walltime=profile.walltime,
+        processes=profile.processes, job_extra_directives=list(profile.job_extra)))
+    cluster.scale(jobs=profile.jobs)
+    client = _client(cluster, stack)
+    return Resources(profile=name, client=client, n_workers=profile.jobs * (profile.processes or 1))
+
+
+class Profiles(AbstractContextManager["Profiles"]):
+    """The profiles of one run, started lazily and closed together."""
+
+    def __init__(self, profiles: Mapping[str, Profile], overrides: Mapping[str, str] | None = None) -> None:
+        self._profiles = dict(profiles)
+        self._overrides = dict(overrides or {})
+        for old, new in self._overrides.items():
+            for name in (old, new):
+                if name not in self._profiles:
+                    raise UsageError(f"--profile {old}={new}: unknown profile '{name}' "
+                                     f"(profiles: {', '.join(self._profiles) or 'none'})")
+        self._started: dict[str, Resources] = {}
+        self._locks: dict[str, threading.Lock] = {n: threading.Lock() for n in [*self._profiles, "cpu"]}
+        self._stack = ExitStack()
+
+    def resolve(self, name: str | None) -> str | None:
+        """The profile a stage declared as ``name`` runs on: overrides and GPU fallbacks applied."""
+        if name is None:
+            return None
+        name = self._overrides.get(name, name)
+        profile = self._profiles[name]
+        if isinstance(profile, DaskCudaProfile) and not visible_gpus():
+            if profile.fallback == "error":
+                raise ProfileError(f"profile '{name}' needs a GPU and none is visible; set "
+                                   f"'fallback: cpu' or run with --profile {name}=<cpu profile>")
+            return profile.fallback
+        return name
+
+    def check(self, names: set[str | None]) -> list[str]:
+        """Fail before any stage starts when a profile cannot be used; returns warnings."""
+        warnings = []
+        for name in sorted(n for n in names if n is not None):
+            target = self.resolve(name)
+            if target != self._overrides.get(name, name):
+                warnings.append(f"no GPU visible: profile '{name}' falls back to '{target}' (CPU)")
+        return warnings
+
+    def get(self, name: str | None) -> Resources:
+        """The started profile for a stage's ``on:`` (None: in the runner's own process)."""
+        target = self.resolve(name)
+        if target is None:
+            return LOCAL
+        with self._locks.setdefault(target, threading.Lock()):
+            if target not in self._started:
+                self._started[target] = self._start(target)
+            return self._started[target]
+
+    def _start(self, name: str) -> Resources:
+        profile = self._profiles.get(name) or DaskProfile(kind="dask")  # 'cpu' fallback default
+        log.info("starting profile '%s' (%s)", name, profile.kind)
+        if isinstance(profile, ThreadsProfile):
+            return _start_threads(name, profile, self._stack)
+        if isinstance(profile, DaskProfile):
+            return _start_dask(name, profile, self._stack)
+        if isinstance(profile, DaskCudaProfile):
+            return _start_dask_cuda(name, profile, self._stack)
+        return _start_slurm(name, profile, self._stack)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,126 @@
+"""Running one stage: the skip check, its StageContext, atomic outs, the record update.
+
+Prefect-free, so ``conveyor exec`` (what ``dvc repro`` calls) and the Prefect flow share it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Protocol
+
+from flows.context import StageContext, StageProgress
+from flows.dag import Outcome
+from flows.errors import StageError
+from flows.fingerprint import Hasher, LockRecord, current_state, stale_reasons
+from flows.outputs import staged_outs
+from flows.profiles import Profiles, Resources
+from flows.project import Project, ensure_importable
+from flows.record import RunRecord, now
+
+
+class StageEvents(Protocol):
+    """Who hears about a stage starting and retrying (the live view)."""
+
+    def started(self, stage: str, profile: str, progress: StageProgress) -> None: ...
+
+    def retrying(self, stage: str, attempt: int, error: str) -> None: ...
+
+
+def load_task(project: Project, stage: str) -> Callable[[StageContext], None]:
+    """Import the stage's task function (only when the stage really runs)."""
+    spec = project.pipeline.stages[stage]
+    ensure_importable(project.root)
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    if not callable(fn):
+        raise StageError(stage, f"{spec.task} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+class StageRunner:
+    """Runs one attempt of one stage: skip check, context, atomic outs, record update."""
+
+    def __init__(self, project: Project, profiles: Profiles, force: bool, run: RunRecord,
+                 view: StageEvents) -> None:
+        self.project, self.profiles, self.force, self.run, self.view = project, profiles, force, run, view
+        self.lock = LockRecord.for_project(project)
+        self.hasher = Hasher()
+        self._mutex = threading.Lock()
+
+    def __call__(self, stage: str) -> Outcome:
+        spec = self.project.pipeline.stages[stage]
+        record = self.run.stages[stage]
+        with self._mutex:
+            record.attempts += 1
+            record.started = record.started or now().isoformat()
+        record.profile = self.profiles.resolve(spec.on) or "local"
+        if record.attempts == 1:
+            reasons = self._reasons(stage)
+            if not reasons:
+                record.reason = "up to date"
+                return Outcome.SKIPPED
+            record.reason = "; ".join(reasons)
+        resources = self.profiles.get(spec.on)
+        progress = StageProgress()
+        self.view.started(stage, record.profile, progress)
+        try:
+            self._attempt(stage, resources, progress)
+        except BaseException as exc:
+            if record.attempts <= spec.retries:
+                self.view.retrying(stage, record.attempts, short_error(exc))
+            raise
+        return Outcome.SUCCEEDED
+
+    def _reasons(self, stage: str) -> list[str]:
+        if self.force:
+            return ["forced"]
+        state = current_state(self.project, stage, self.hasher)
+        return stale_reasons(self.project, stage, state, self.lock.stages().get(stage))
+
+    def _attempt(self, stage: str, resources: Resources, progress: StageProgress) -> None:
+        project, spec = self.project, self.project.pipeline.stages[stage]
+        fn = load_task(project, stage)
+        with staged_outs(project.root, stage, list(spec.written)) as staging:
+            ctx = StageContext(
+                stage=stage, params=project.stage_params(stage),
+                deps={d: project.root / d for d in spec.deps},
+                outs={o: staging[o] for o in spec.outs}, metrics={m: staging[m] for m in spec.metrics},
+                root=project.root, log=logging.getLogger(f"prefect.task_runs.{stage}"),
+                client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
+                devices=resources.devices, progress=progress,
+            )
+            with resources.client.as_current() if resources.client is not None else nullcontext():
+                fn(ctx)
+        state = current_state(project, stage, self.hasher)
+        self.lock.save(stage, state, project.rel(project.params_path))
+
+
+def short_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class _QuietEvents:
+    """Events of a single ``conveyor exec``: one log line each."""
+
+    def started(self, stage: str, profile: str, progress: StageProgress) -> None:
+        logging.getLogger("conveyor").info("%s: running on %s", stage, profile)
+
+    def retrying(self, stage: str, attempt: int, error: str) -> None:
+        logging.getLogger("conveyor").warning("%s: attempt %d failed: %s", stage, attempt, error)
+
+
+def run_one(project: Project, stage: str) -> None:
+    """Run exactly one stage now, in this process, with its profile (``conveyor exec``).
+
+    Always runs (DVC has already decided it is due), then updates the fingerprint record.
+    """
+    from flows.record import RunRecord, StageRecord
+
+    run = RunRecord(run_id="exec", pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
+    with Profiles(project.pipeline.profiles) as profiles:
+        profiles.check({project.pipeline.stages[stage].on})
+        StageRunner(project, profiles, True, run, _QuietEvents())(stage)

@@ -1,0 +1,117 @@
+"""What a person sees during ``conveyor run``: a live line per stage, then a summary.
+
+On a terminal, a rich Live table redraws itself (waiting, running with elapsed time and
+the task's own progress, done, skipped, failed). Elsewhere (CI, pipes) each change is one
+plain line, so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from flows.context import StageProgress
+from flows.dag import Outcome
+from flows.record import RunRecord
+
+STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
+         "failed": "bold red", "not_run": "yellow"}
+ICON = {"waiting": "·", "running": "▶", "succeeded": "✔", "skipped": "↷", "failed": "✘",
+        "not_run": "-"}
+
+
+class RunView:
+    """Receives stage events from the runner (any thread) and shows them."""
+
+    def __init__(self, stages: list[str], console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.state: dict[str, str] = dict.fromkeys(stages, "waiting")
+        self.note: dict[str, str] = dict.fromkeys(stages, "")
+        self.profile: dict[str, str] = dict.fromkeys(stages, "")
+        self.began: dict[str, float] = {}
+        self.took: dict[str, float] = {}
+        self.progress: dict[str, StageProgress] = {}
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+
+    def __enter__(self) -> RunView:
+        if self.console.is_terminal:
+            self._live = Live(self, console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._live is not None:
+            self._live.__exit__(exc_type, exc, tb)
+
+    def started(self, stage: str, profile: str, progress: StageProgress) -> None:
+        with self._lock:
+            self.state[stage], self.profile[stage] = "running", profile
+            self.began.setdefault(stage, time.monotonic())
+            self.progress[stage] = progress
+        self._plain(stage, f"running on {profile}")
+
+    def retrying(self, stage: str, attempt: int, error: str) -> None:
+        self._plain(stage, f"attempt {attempt} failed ({error}); retrying")
+
+    def finished(self, stage: str, outcome: Outcome, seconds: float, note: str = "") -> None:
+        with self._lock:
+            self.state[stage], self.note[stage], self.took[stage] = outcome.value, note, seconds
+        self._plain(stage, f"{outcome.value} in {seconds:.1f}s" + (f" ({note})" if note else ""))
+
+    def _plain(self, stage: str, text: str) -> None:
+        if self._live is None:
+            self.console.print(f"[{STYLE.get(self.state[stage], '')}]{stage}[/]: {text}", highlight=False)
+
+    def __rich__(self) -> RenderableType:
+        table = Table.grid(padding=(0, 2))
+        now = time.monotonic()
+        with self._lock:
+            for stage, state in self.state.items():
+                secs = self.took.get(stage, now - self.began[stage] if stage in self.began else 0.0)
+                detail = self.progress[stage].render() if state == "running" and stage in self.progress \
+                    else self.note[stage]
+                table.add_row(Text(f"{ICON[state]} {stage}", style=STYLE[state]), Text(state),
+                              Text(f"{secs:6.1f}s" if stage in self.began else ""),
+                              Text(self.profile[stage], style="dim"), Text(detail, style="dim"))
+        return table
+
+
+def summary(record: RunRecord, resume: str | None = None) -> RenderableType:
+    """The table printed after a run, with the critical path and what parallelism bought."""
+    table = Table(title=f"{record.pipeline} · run {record.run_id} · {record.status}", title_justify="left")
+    for col in ("stage", "status", "duration", "profile", "attempts", "reason"):
+        table.add_column(col, justify="right" if col in ("duration", "attempts") else "left")
+    for name, st in record.stages.items():
+        table.add_row(name, Text(st.status, style=STYLE.get(st.status, "")), f"{st.duration_s:.1f}s",
+                      st.profile or "", str(st.attempts), st.error or st.reason)
+    lines: list[RenderableType] = [table]
+    if record.critical_path:
+        lines.append(Text(f"critical path: {' -> '.join(record.critical_path)} "
+                          f"({record.critical_path_s:.1f}s of {record.wall_s:.1f}s wall); "
+                          f"speedup {record.speedup:.2f}x (stage time {record.stage_sum_s:.1f}s)"))
+    if record.not_run:
+        lines.append(Text(f"not run: {', '.join(record.not_run)}", style="yellow"))
+    if resume:
+        lines.append(Text(f"resume with: {resume}", style="bold"))
+    return Group(*lines)
+
+
+def status_table(reasons: Mapping[str, list[str]]) -> RenderableType:
+    """``conveyor status``: each stage, up to date or why it is stale."""
+    table = Table(title_justify="left")
+    table.add_column("stage")
+    table.add_column("status")
+    table.add_column("why")
+    for stage, why in reasons.items():
+        state = "stale" if why else "up to date"
+        table.add_row(stage, Text(state, style="yellow" if why else "green"), "; ".join(why))
+    return table

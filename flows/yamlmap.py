@@ -1,0 +1,73 @@
+"""YAML loading that remembers where each key was written.
+
+Errors in a spec must name ``file:line key.path``; PyYAML's composer keeps the marks,
+so we walk the node tree once and record the line of every key path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Key = tuple[str | int, ...]
+
+
+class Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 booleans: only true/false are booleans.
+
+    YAML 1.1 also reads on/off/yes/no as booleans, which would turn a stage's ``on:``
+    key into ``True``. DVC reads YAML 1.2 too, so params mean the same to both.
+    """
+
+
+Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.copy().items()
+}
+Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+@dataclass(frozen=True)
+class LoadedYaml:
+    """A YAML document as plain data, with the 1-based line of each key path."""
+
+    path: Path
+    data: Any
+    lines: Mapping[Key, int] = field(default_factory=dict)
+
+    def line(self, key: Key) -> int | None:
+        """The line of ``key``, or of its closest ancestor that has one."""
+        for n in range(len(key), -1, -1):
+            if key[:n] in self.lines:
+                return self.lines[key[:n]]
+        return None
+
+
+def load_yaml(path: Path) -> LoadedYaml:
+    """Parse ``path``; raises ``yaml.YAMLError`` (with a mark) on bad syntax."""
+    text = path.read_text(encoding="utf-8")
+    node = yaml.compose(text, Loader=Yaml12Loader)
+    if node is None:
+        return LoadedYaml(path=path, data=None, lines={})
+    lines: dict[Key, int] = {}
+    _record_lines(node, (), lines)
+    data = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader
+    return LoadedYaml(path=path, data=data, lines=lines)
+
+
+def _record_lines(node: yaml.Node, key: Key, lines: dict[Key, int]) -> None:
+    lines.setdefault(key, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for k_node, v_node in node.value:
+            child = (*key, str(k_node.value))
+            lines[child] = k_node.start_mark.line + 1
+            _record_lines(v_node, child, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _record_lines(item, (*key, i), lines)
