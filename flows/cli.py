@@ -85,7 +85,8 @@ def run(
         out.print(status_table(plan(project, selected, force=force)))
         return
     # The live view shows progress; Prefect's INFO lines still reach its API and UI.
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    # A failed stage's traceback stays in Prefect's logs; the summary shows the task's own frames.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.pipeline import RunOptions, resume_command, run_pipeline
     from flows.view import summary
@@ -151,7 +152,7 @@ def main() -> None:
     """Console entry point: one message and an exit code for every conveyor error."""
     signal.signal(signal.SIGTERM, _interrupt)  # clean up clusters on `kill` as on Ctrl-C
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns the code of typer.Exit here
     except ConveyorError as exc:
         err.print(str(exc), highlight=False, markup=False)
         sys.exit(exc.exit_code)
@@ -167,6 +168,7 @@ def main() -> None:
             exc.show()
             sys.exit(2)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

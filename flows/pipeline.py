@@ -71,17 +71,23 @@ def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord
             futures[stage] = prefect_task.submit(stage, runner)
             futures[stage].add_done_callback(lambda _f: events.put(stage))
 
-        for stage in schedule.ready():
-            submit(stage)
-        while not schedule.finished:
-            stage = events.get()
-            outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view)
-            for lost in schedule.finish(stage, outcome):
-                run.stages[lost].reason = f"upstream '{stage}' failed"
-                view.finished(lost, Outcome.NOT_RUN, 0.0, run.stages[lost].reason)
-            for ready in schedule.ready():
-                submit(ready)
-    run.close(project.graph, time.monotonic() - t0)
+        try:
+            for stage in schedule.ready():
+                submit(stage)
+            while not schedule.finished:
+                stage = events.get()
+                outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view)
+                for lost in schedule.finish(stage, outcome):
+                    run.stages[lost].reason = f"upstream '{stage}' failed"
+                    view.finished(lost, Outcome.NOT_RUN, 0.0, run.stages[lost].reason)
+                for ready in schedule.ready():
+                    submit(ready)
+        except KeyboardInterrupt:
+            for stage in runner.interrupt():
+                run.stages[stage].status, run.stages[stage].error = Outcome.FAILED.value, "interrupted"
+            raise
+        finally:
+            run.close(project.graph, time.monotonic() - t0)
     return run
 
 
@@ -142,9 +148,11 @@ def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None 
     run = RunRecord(new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""))
     selected = dag.select(project.graph, options.stages, downstream=options.downstream)
     run.stages = {s: StageRecord() for s in project.order if s in selected}
-    with RunView(list(run.stages)) as view:
-        execute(project, options, view, run)
-    run.write(project.root)
+    try:
+        with RunView(list(run.stages)) as view:
+            execute(project, options, view, run)
+    finally:
+        run.write(project.root)
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
     message = f"{run.pipeline}: {run.status}"

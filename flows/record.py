@@ -39,6 +39,7 @@ class StageRecord:
     finished: str | None = None
     duration_s: float = 0.0
     error: str | None = None
+    trace: str = ""
 
 
 @dataclass

@@ -5,11 +5,14 @@ Prefect-free, so ``conveyor exec`` (what ``dvc repro`` calls) and the Prefect fl
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import threading
+import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Protocol
 
 from flows.context import StageContext, StageProgress
@@ -49,6 +52,7 @@ class StageRunner:
         self.lock = LockRecord.for_project(project)
         self.hasher = Hasher()
         self._mutex = threading.Lock()
+        self._threads: dict[str, int] = {}
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -66,13 +70,30 @@ class StageRunner:
         resources = self.profiles.get(spec.on)
         progress = StageProgress()
         self.view.started(stage, record.profile, progress)
+        self._threads[stage] = threading.get_ident()
         try:
             self._attempt(stage, resources, progress)
         except BaseException as exc:
+            record.trace = user_frames(exc, self.project.root)
             if record.attempts <= spec.retries:
                 self.view.retrying(stage, record.attempts, short_error(exc))
             raise
+        finally:
+            self._threads.pop(stage, None)
         return Outcome.SUCCEEDED
+
+    def interrupt(self) -> list[str]:
+        """Raise KeyboardInterrupt inside every running stage (Ctrl-C); returns their names.
+
+        The exception lands at the stage's next Python instruction, as Prefect's own task
+        timeouts do; a stage blocked inside a C call stops when that call returns.
+        """
+        stopped = []
+        for stage, ident in list(self._threads.items()):
+            if ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                          ctypes.py_object(KeyboardInterrupt)) == 1:
+                stopped.append(stage)
+        return stopped
 
     def _reasons(self, stage: str) -> list[str]:
         if self.force:
@@ -96,6 +117,12 @@ class StageRunner:
                 fn(ctx)
         state = current_state(project, stage, self.hasher)
         self.lock.save(stage, state, project.rel(project.params_path))
+
+
+def user_frames(exc: BaseException, root: Path) -> str:
+    """The traceback lines that point into the project's own code (its tasks), not libraries."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).is_relative_to(root)]
+    return "".join(traceback.format_list(frames)).rstrip()
 
 
 def short_error(exc: BaseException) -> str:

@@ -98,6 +98,11 @@ def summary(record: RunRecord, resume: str | None = None) -> RenderableType:
         lines.append(Text(f"critical path: {' -> '.join(record.critical_path)} "
                           f"({record.critical_path_s:.1f}s of {record.wall_s:.1f}s wall); "
                           f"speedup {record.speedup:.2f}x (stage time {record.stage_sum_s:.1f}s)"))
+    for name in record.failed:
+        st = record.stages[name]
+        lines.append(Text(f"{name} failed: {st.error}", style="bold red"))
+        if st.trace:
+            lines.append(Text(st.trace, style="red"))
     if record.not_run:
         lines.append(Text(f"not run: {', '.join(record.not_run)}", style="yellow"))
     if resume:
