@@ -154,7 +154,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # click returns the code of typer.Exit here
     except ConveyorError as exc:
-        err.print(str(exc), highlight=False, markup=False)
+        print(str(exc), file=sys.stderr)  # one line per problem, never wrapped
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

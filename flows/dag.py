@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from flows.spec import Pipeline
+from flows.spec import Pipeline, Stage
 
 Graph = Mapping[str, frozenset[str]]  # stage -> the stages it waits for
 
@@ -25,15 +25,20 @@ def overlaps(a: str, b: str) -> bool:
 
 def upstream_graph(pipeline: Pipeline) -> dict[str, frozenset[str]]:
     """For every stage, the stages it depends on (``needs`` ∪ producers of its deps)."""
+    return stage_graph(pipeline.stages)
+
+
+def stage_graph(stages: Mapping[str, Stage]) -> dict[str, frozenset[str]]:
+    """:func:`upstream_graph` over any set of stages (also a partly valid spec's)."""
     graph: dict[str, frozenset[str]] = {}
-    for name, stage in pipeline.stages.items():
+    for name, stage in stages.items():
         producers = {
             other
-            for other, o_stage in pipeline.stages.items()
+            for other, o_stage in stages.items()
             if other != name
             and any(overlaps(out, dep) for out in o_stage.written for dep in stage.deps)
         }
-        graph[name] = frozenset(producers | (set(stage.needs) & set(pipeline.stages)))
+        graph[name] = frozenset(producers | (set(stage.needs) & set(stages)))
     return graph
 
 
@@ -51,8 +56,7 @@ def find_cycle(graph: Graph) -> list[str] | None:
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
-        cycle = list(exc.args[1])
-        return list(reversed(cycle))  # graphlib lists it against the edge direction
+        return list(exc.args[1])  # graphlib lists it in data-flow order: a -> b -> a
     return None
 
 

@@ -189,6 +189,7 @@ class Profiles(AbstractContextManager["Profiles"]):
 
     def close(self) -> None:
         self._stack.close()
+        self._started.clear()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -9,6 +9,7 @@ parsed with ``ast``, so ``conveyor validate`` stays fast.
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Iterator, Mapping
@@ -17,10 +18,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from flows import dag
 from flows.errors import SpecError, SpecIssue, UsageError
-from flows.spec import Pipeline, did_you_mean, parse_pipeline
+from flows.spec import Pipeline, Stage, did_you_mean, parse_pipeline
 from flows.yamlmap import Key, LoadedYaml, load_yaml
 
 DEFAULT_SPEC = Path("configs/pipeline.yaml")
@@ -76,6 +78,7 @@ def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
 
 def load_project(spec_path: Path) -> Project:
     """Load and check ``spec_path``; raises SpecError with every problem found."""
+    spec_path = spec_path.resolve()
     root = find_root(spec_path.parent)
     doc = _load(spec_path)
     issues: list[SpecIssue] = []
@@ -89,13 +92,32 @@ def load_project(spec_path: Path) -> Project:
     params, params_issues = _load_params(params_path, doc, raw)
     issues += params_issues
     issues += _check_references(doc, raw, params, root)
-    graph: dict[str, frozenset[str]] = {}
-    if pipeline is not None:
-        graph = dag.upstream_graph(pipeline)
-        issues += _check_graph(doc, pipeline, graph, root)
+    issues += [SpecIssue(doc.path, line, ".".join(map(str, key)), "defined twice: the second one would "
+                         "silently replace the first") for key, line in doc.duplicates]
+    stages = pipeline.stages if pipeline is not None else _valid_stages(raw)
+    graph = dag.stage_graph(stages)
+    issues += _check_graph(doc, stages, graph, root, bad_paths={i.key for i in issues})
     if issues or pipeline is None:
         raise SpecError(sorted(issues, key=lambda i: (str(i.file), i.line or 0)))
     return Project(root, spec_path, pipeline, params_path, params, graph)
+
+
+GRAPH_FIELDS = ("needs", "deps", "outs", "metrics")
+
+
+def _valid_stages(raw: dict[str, Any]) -> dict[str, Stage]:
+    """Every stage's graph fields, so graph checks run even where other fields are invalid."""
+    stages: dict[str, Stage] = {}
+    for name, body in _stages(raw):
+        try:
+            stages[name] = Stage.model_validate(body)
+        except ValidationError:
+            fields = {f: tuple(v for _, v in _strings(body, f)) for f in GRAPH_FIELDS}
+            try:
+                stages[name] = Stage.model_validate({"task": "invalid:stage", **fields})
+            except ValidationError:
+                continue
+    return stages
 
 
 def lookup(params: Mapping[str, Any], dotted: str) -> Any:
@@ -125,7 +147,10 @@ def _load_params(path: Path, doc: LoadedYaml, raw: dict[str, Any]) -> tuple[dict
             return {}, [SpecIssue(doc.path, doc.line(("params",)), "params",
                                   f"params file {path} not found; create it or fix 'params:'")]
         return {}, []
-    data = _load(path).data
+    try:
+        data = _load(path).data
+    except SpecError as exc:
+        return {}, exc.issues
     if data is None:
         return {}, []
     if not isinstance(data, dict):
@@ -174,15 +199,15 @@ def _check_references(doc: LoadedYaml, raw: dict[str, Any], params: Mapping[str,
     for name, body in _stages(raw):
         on = body.get("on")
         if isinstance(on, str) and on not in profiles:
-            issue(("stages", name, "on"), f"unknown profile '{on}'{did_you_mean(on, profiles)}"
-                  f"; profiles: {', '.join(profiles) or 'none declared'}")
+            hint = did_you_mean(on, profiles) or f"; profiles: {', '.join(profiles) or 'none declared'}"
+            issue(("stages", name, "on"), f"unknown profile '{on}'{hint}")
         for i, need in _strings(body, "needs"):
             if need not in stage_names:
                 issue(("stages", name, "needs", i), f"unknown stage '{need}'{did_you_mean(need, stage_names)}")
             elif need == name:
                 issue(("stages", name, "needs", i), "a stage cannot need itself")
         for i, key in _strings(body, "params"):
-            if key not in param_keys:
+            if params and key not in param_keys:
                 issue(("stages", name, "params", i), f"unknown param key '{key}' in "
                       f"{raw.get('params') or 'params.yaml'}{did_you_mean(key, param_keys)}")
         for field in ("deps", "outs", "metrics"):
@@ -222,14 +247,21 @@ def _path_problem(path: str) -> str | None:
 
 def _module_file(root: Path, module: str) -> Path | None:
     """The file of ``module``, looked up under the project root first, without importing it."""
-    base = root.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
+    parts = module.split(".")
+    if (root / parts[0]).is_dir():  # the project's own package: only its files count
+        base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
         return None
+    # An installed package: walk the import path finder, which reads directories, not modules.
+    locations: list[str] | None = None
+    spec = None
+    for n in range(1, len(parts) + 1):
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:n]), locations)
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations or [])
     return Path(spec.origin) if spec is not None and spec.origin else None
 
 
@@ -265,13 +297,17 @@ def _local_sources(root: Path, module: str, packages: tuple[str, ...]) -> set[Pa
     seen: set[Path] = set()
     todo = [module]
     while todo:
-        path = _module_file(root, todo.pop())
+        name = todo.pop()
+        path = _module_file(root, name)
         if path is None or path in seen:
             continue
         seen.add(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                    if node.level else (node.module or "")
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             else:
@@ -280,15 +316,20 @@ def _local_sources(root: Path, module: str, packages: tuple[str, ...]) -> set[Pa
     return seen
 
 
-def _check_graph(doc: LoadedYaml, pipeline: Pipeline, graph: dag.Graph, root: Path) -> list[SpecIssue]:
-    """Cycles, outs claimed twice, and deps nobody produces that are not on disk."""
+def _check_graph(doc: LoadedYaml, stages: Mapping[str, Stage], graph: dag.Graph, root: Path, *,
+                 bad_paths: set[str]) -> list[SpecIssue]:
+    """Cycles, outs claimed twice, and deps nobody produces that are not on disk.
+
+    ``bad_paths`` are keys already reported (a URL, a path leaving the project): a dep
+    there is not also reported as missing.
+    """
     issues: list[SpecIssue] = []
     cycle = dag.find_cycle(graph)
     if cycle:
         issues.append(SpecIssue(doc.path, doc.line(("stages", cycle[0])), f"stages.{cycle[0]}",
                                 f"cycle: {' -> '.join(cycle)}"))
     owners: list[tuple[str, int, str, str]] = []  # (stage, index, field, path)
-    for name, stage in pipeline.stages.items():
+    for name, stage in stages.items():
         owners += [(name, i, "outs", p) for i, p in enumerate(stage.outs)]
         owners += [(name, i, "metrics", p) for i, p in enumerate(stage.metrics)]
     for n, (writer, i, field, path) in enumerate(owners):
@@ -299,8 +340,10 @@ def _check_graph(doc: LoadedYaml, pipeline: Pipeline, graph: dag.Graph, root: Pa
                                         f"'{path}' is also written by stage '{other}' ('{other_path}'): "
                                         "every out has one producer"))
     produced = [p for *_, p in owners]
-    for name, stage in pipeline.stages.items():
+    for name, stage in stages.items():
         for i, dep in enumerate(stage.deps):
+            if f"stages.{name}.deps.{i}" in bad_paths:
+                continue
             if not any(dag.overlaps(dep, p) for p in produced) and not (root / dep).exists():
                 issues.append(SpecIssue(doc.path, doc.line(("stages", name, "deps", i)),
                                         f"stages.{name}.deps", f"'{dep}' does not exist and no stage writes it"))

@@ -8,6 +8,7 @@ params keys, tasks, paths) are checked in :mod:`flows.project`, the graph in
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -106,6 +107,12 @@ class Stage(Model):
     retry_delay_s: Annotated[float, Field(ge=0)] = 0.0
     timeout_s: Annotated[float, Field(gt=0)] | None = None
     desc: str | None = None
+
+    @field_validator("deps", "outs", "metrics")
+    @classmethod
+    def _normalise(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        """``./data/raw/`` and ``data/raw`` are one path (for edges and duplicate outs)."""
+        return tuple(p if "://" in p else posixpath.normpath(p) for p in paths)
 
     @field_validator("task")
     @classmethod

@@ -40,6 +40,7 @@ class LoadedYaml:
     path: Path
     data: Any
     lines: Mapping[Key, int] = field(default_factory=dict)
+    duplicates: tuple[tuple[Key, int], ...] = ()  # keys written twice in one mapping, with line
 
     def line(self, key: Key) -> int | None:
         """The line of ``key``, or of its closest ancestor that has one."""
@@ -56,18 +57,24 @@ def load_yaml(path: Path) -> LoadedYaml:
     if node is None:
         return LoadedYaml(path=path, data=None, lines={})
     lines: dict[Key, int] = {}
-    _record_lines(node, (), lines)
+    duplicates: list[tuple[Key, int]] = []
+    _record_lines(node, (), lines, duplicates)
     data = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader
-    return LoadedYaml(path=path, data=data, lines=lines)
+    return LoadedYaml(path=path, data=data, lines=lines, duplicates=tuple(duplicates))
 
 
-def _record_lines(node: yaml.Node, key: Key, lines: dict[Key, int]) -> None:
+def _record_lines(node: yaml.Node, key: Key, lines: dict[Key, int],
+                  duplicates: list[tuple[Key, int]]) -> None:
     lines.setdefault(key, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for k_node, v_node in node.value:
             child = (*key, str(k_node.value))
-            lines[child] = k_node.start_mark.line + 1
-            _record_lines(v_node, child, lines)
+            if child[-1] in seen:
+                duplicates.append((child, k_node.start_mark.line + 1))
+            seen.add(str(child[-1]))
+            lines.setdefault(child, k_node.start_mark.line + 1)
+            _record_lines(v_node, child, lines, duplicates)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _record_lines(item, (*key, i), lines)
+            _record_lines(item, (*key, i), lines, duplicates)

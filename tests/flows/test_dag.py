@@ -1,0 +1,358 @@
+"""The planner on tiny hand-drawn DAGs: edges, cycles, order, selection, scheduling.
+
+Arrows point the way data flows: ``a ──► b`` means b waits for a. Pipelines are built
+with ``Pipeline.model_validate``; no files, no clusters.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from flows import dag
+from flows.dag import Outcome, Schedule
+from flows.spec import Pipeline
+
+
+def pipeline(**stages: dict[str, Any]) -> Pipeline:
+    """A pipeline whose stages all run the same task; only the graph matters here."""
+    return Pipeline.model_validate({
+        "pipeline": "test",
+        "stages": {name: {"task": "tasks.steps:fetch", **body} for name, body in stages.items()},
+    })
+
+
+def graph_of(**stages: dict[str, Any]) -> dict[str, frozenset[str]]:
+    return dag.upstream_graph(pipeline(**stages))
+
+
+def g(**ups: str) -> dict[str, frozenset[str]]:
+    """A graph from ``stage="up1 up2"`` strings."""
+    return {name: frozenset(u.split()) for name, u in ups.items()}
+
+
+# --- edges ------------------------------------------------------------------------------
+
+
+def test_edges_from_needs() -> None:
+    """
+    a ──► b        (b needs a; no data between them)
+    c
+    """
+    assert graph_of(a={}, b={"needs": ["a"]}, c={}) == g(a="", b="a", c="")
+
+
+def test_edges_from_an_out_that_is_a_dep() -> None:
+    """
+    ingest ──► prepare ──► train        data/raw, then data/processed
+    """
+    graph = graph_of(
+        ingest={"outs": ["data/raw"]},
+        prepare={"deps": ["data/raw"], "outs": ["data/processed"]},
+        train={"deps": ["data/processed"], "outs": ["models/m.json"]},
+    )
+    assert graph == g(ingest="", prepare="ingest", train="prepare")
+
+
+def test_edge_to_a_dep_inside_an_out_directory() -> None:
+    """
+    ingest ──► prepare        ingest writes data/raw/, prepare reads data/raw/part-0.csv
+    """
+    graph = graph_of(ingest={"outs": ["data/raw"]}, prepare={"deps": ["data/raw/part-0.csv"]})
+    assert graph == g(ingest="", prepare="ingest")
+
+
+def test_edge_from_an_out_inside_a_dep_directory() -> None:
+    """
+    xgb ──► report ◄── mlp        both write into models/; report reads models/
+    """
+    graph = graph_of(
+        xgb={"outs": ["models/xgb.json"]},
+        mlp={"outs": ["models/mlp.pt"]},
+        report={"deps": ["models/"]},
+    )
+    assert graph == g(xgb="", mlp="", report="xgb mlp")
+
+
+def test_edge_from_metrics_and_needs_together() -> None:
+    """
+    train ──► report        report reads train's metrics file
+    prep  ──┘               and needs prep explicitly
+    """
+    graph = graph_of(prep={}, train={"metrics": ["metrics/train.json"]},
+                     report={"deps": ["metrics/train.json"], "needs": ["prep"]})
+    assert graph == g(prep="", train="", report="train prep")
+
+
+def test_no_edge_between_paths_that_only_share_a_prefix() -> None:
+    """
+    a    b        a writes data/raw, b reads data/raw2: no edge
+    """
+    assert graph_of(a={"outs": ["data/raw"]}, b={"deps": ["data/raw2", "data/ra"]}) == g(a="", b="")
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    ("data", "data", True),
+    ("data", "data/x", True),
+    ("data/x/y", "data", True),
+    ("data/", "data/x", True),
+    ("data", "data2", False),
+    ("data/x", "data/y", False),
+])
+def test_overlaps(a: str, b: str, expected: bool) -> None:
+    assert dag.overlaps(a, b) is expected
+    assert dag.overlaps(b, a) is expected
+
+
+def test_downstream_graph_inverts_the_edges() -> None:
+    """
+    a ──► b ──► d
+    └───► c
+    """
+    assert dag.downstream_graph(g(a="", b="a", c="a", d="b")) == g(a="b c", b="d", c="", d="")
+
+
+# --- cycles -----------------------------------------------------------------------------
+
+
+def test_find_cycle_on_a_dag_is_none() -> None:
+    """
+    a ──► b ──► d
+    └───► c ──┘
+    """
+    assert dag.find_cycle(g(a="", b="a", c="a", d="b c")) is None
+
+
+def test_find_cycle_of_two() -> None:
+    """
+    a ◄──► b
+    """
+    cycle = dag.find_cycle(g(a="b", b="a"))
+    assert cycle in (["a", "b", "a"], ["b", "a", "b"])
+
+
+def test_find_cycle_of_three_names_each_stage_once() -> None:
+    """
+    x ──► a ──► b ──► c
+          ▲───────────┘
+    """
+    cycle = dag.find_cycle(g(x="", a="x c", b="a", c="b"))
+    assert cycle is not None
+    assert cycle[0] == cycle[-1] and sorted(cycle[:-1]) == ["a", "b", "c"]
+
+
+def test_find_cycle_follows_the_data_flow() -> None:
+    """
+    a ──► b ──► c        every arrow of the printed cycle is an edge of the pipeline
+    ▲───────────┘
+    """
+    graph = g(a="c", b="a", c="b")
+    cycle = dag.find_cycle(graph)
+    assert cycle is not None
+    assert all(up in graph[down] for up, down in itertools.pairwise(cycle)), cycle
+
+
+def test_a_stage_that_needs_itself_is_a_cycle() -> None:
+    """
+    a ─┐
+    ▲──┘
+    """
+    assert dag.find_cycle(g(a="a")) == ["a", "a"]
+
+
+# --- order ------------------------------------------------------------------------------
+
+
+def test_topological_order_breaks_ties_by_spec_order() -> None:
+    """
+    c    a    b        no edges: the spec order decides
+    """
+    assert dag.topological_order(g(a="", b="", c=""), ["c", "a", "b"]) == ["c", "a", "b"]
+
+
+def test_topological_order_of_a_diamond() -> None:
+    """
+    a ──► b ──► d
+    └───► c ──┘        spec order a, c, b, d: c before b
+    """
+    graph = g(a="", b="a", c="a", d="b c")
+    assert dag.topological_order(graph, ["a", "c", "b", "d"]) == ["a", "c", "b", "d"]
+    assert dag.topological_order(graph, ["d", "b", "c", "a"]) == ["a", "b", "c", "d"]
+
+
+def test_topological_order_without_spec_order_uses_the_graph_order() -> None:
+    """
+    z ──► y        x
+    """
+    assert dag.topological_order(g(z="", x="", y="z")) == ["z", "x", "y"]
+
+
+def test_topological_order_ranks_each_wave_not_the_whole_spec() -> None:
+    """
+    a ──► b        c
+    A stage whose upstream finished later never jumps ahead of a ready one.
+    """
+    assert dag.topological_order(g(b="a", a="", c=""), ["b", "a", "c"]) == ["a", "c", "b"]
+
+
+# --- selection --------------------------------------------------------------------------
+
+CHAIN = g(ingest="", prepare="ingest", xgb="prepare", mlp="prepare", stack="xgb mlp", other="")
+"""
+ingest ──► prepare ──► xgb ──► stack
+                  └──► mlp ──┘
+other
+"""
+
+
+def test_select_nothing_means_everything() -> None:
+    assert dag.select(CHAIN, []) == set(CHAIN)
+
+
+def test_select_takes_the_targets_and_their_upstream() -> None:
+    assert dag.select(CHAIN, ["xgb"]) == {"ingest", "prepare", "xgb"}
+    assert dag.select(CHAIN, ["stack"]) == {"ingest", "prepare", "xgb", "mlp", "stack"}
+    assert dag.select(CHAIN, ["other"]) == {"other"}
+
+
+def test_select_downstream_takes_the_targets_and_what_follows() -> None:
+    assert dag.select(CHAIN, ["xgb"], downstream=True) == {"xgb", "stack"}
+    assert dag.select(CHAIN, ["prepare"], downstream=True) == {"prepare", "xgb", "mlp", "stack"}
+    assert dag.select(CHAIN, ["xgb", "other"], downstream=True) == {"xgb", "stack", "other"}
+
+
+# --- the schedule -----------------------------------------------------------------------
+
+TREE = g(a="", b="a", c="a", d="b")
+"""
+a ──► b ──► d
+└───► c
+"""
+
+
+def test_schedule_runs_each_stage_once_its_upstream_succeeded() -> None:
+    schedule = Schedule(TREE, set(TREE))
+    assert schedule.ready() == ["a"]
+    assert schedule.ready() == []  # already started
+    assert schedule.running == {"a"}
+    assert schedule.finish("a", Outcome.SUCCEEDED) == []
+    assert schedule.ready() == ["b", "c"]
+    schedule.finish("c", Outcome.SUCCEEDED)
+    assert schedule.ready() == []
+    schedule.finish("b", Outcome.SUCCEEDED)
+    assert schedule.ready() == ["d"]
+    assert set(schedule.order) - set(schedule.outcomes) == {"d"}
+    schedule.finish("d", Outcome.SUCCEEDED)
+    assert schedule.finished and schedule.running == set()
+
+
+def test_a_failure_stops_exactly_its_downstream_and_the_other_branch_goes_on() -> None:
+    """
+    a ──► b ──► d        b fails while c runs: d is not run, c finishes
+    └───► c
+    """
+    schedule = Schedule(TREE, set(TREE))
+    schedule.ready()
+    schedule.finish("a", Outcome.SUCCEEDED)
+    assert schedule.ready() == ["b", "c"]
+    assert schedule.finish("b", Outcome.FAILED) == ["d"]
+    assert schedule.outcomes == {"a": Outcome.SUCCEEDED, "b": Outcome.FAILED, "d": Outcome.NOT_RUN}
+    assert schedule.running == {"c"}
+    assert schedule.ready() == []
+    assert not schedule.finished
+    schedule.finish("c", Outcome.SUCCEEDED)
+    assert schedule.finished
+
+
+def test_a_failure_leaves_an_independent_branch_runnable() -> None:
+    """
+    a ──► b ──► d        a fails: b, c, d not run; x ──► y still run
+    └───► c ──┘
+    x ──► y
+    """
+    graph = g(a="", b="a", c="a", d="b c", x="", y="x")
+    schedule = Schedule(graph, set(graph))
+    assert schedule.ready() == ["a", "x"]
+    assert schedule.finish("a", Outcome.FAILED) == ["b", "c", "d"]
+    schedule.finish("x", Outcome.SUCCEEDED)
+    assert schedule.ready() == ["y"]
+    schedule.finish("y", Outcome.SUCCEEDED)
+    assert schedule.finished
+    assert {n for n, o in schedule.outcomes.items() if o is Outcome.NOT_RUN} == {"b", "c", "d"}
+
+
+def test_a_join_waits_for_every_branch_and_is_lost_when_one_fails() -> None:
+    """
+    a ──► b ──► d        c fails after b succeeded: d is not run
+    └───► c ──┘
+    """
+    graph = g(a="", b="a", c="a", d="b c")
+    schedule = Schedule(graph, set(graph))
+    schedule.ready()
+    schedule.finish("a", Outcome.SUCCEEDED)
+    schedule.ready()
+    schedule.finish("b", Outcome.SUCCEEDED)
+    assert schedule.ready() == []
+    assert schedule.finish("c", Outcome.FAILED) == ["d"]
+    assert schedule.finished
+
+
+def test_skipped_counts_as_success() -> None:
+    """
+    a ──► b ──► d        a and b are up to date
+    └───► c
+    """
+    schedule = Schedule(TREE, set(TREE))
+    schedule.ready()
+    assert schedule.finish("a", Outcome.SKIPPED) == []
+    assert schedule.ready() == ["b", "c"]
+    schedule.finish("b", Outcome.SKIPPED)
+    assert schedule.ready() == ["d"]
+
+
+def test_stages_outside_the_selection_count_as_satisfied() -> None:
+    """
+    (a) ──► b ──► d        only b and d are selected: b is ready at once
+    (a) ──► (c)
+    """
+    schedule = Schedule(TREE, {"b", "d"})
+    assert schedule.order == ["b", "d"]
+    assert schedule.ready() == ["b"]
+    schedule.finish("b", Outcome.SUCCEEDED)
+    assert schedule.ready() == ["d"]
+    schedule.finish("d", Outcome.SUCCEEDED)
+    assert schedule.finished
+
+
+def test_schedule_keeps_the_given_order() -> None:
+    """
+    a    b    c        given order c, b, a
+    """
+    graph = g(a="", b="", c="")
+    assert Schedule(graph, set(graph), order=["c", "b", "a"]).ready() == ["c", "b", "a"]
+
+
+# --- critical path ----------------------------------------------------------------------
+
+
+def test_critical_path_is_the_longest_chain_of_durations() -> None:
+    """
+    a(1) ──► b(5) ──► d(1)
+    └──────► c(2) ──┘
+    """
+    graph = g(a="", b="a", c="a", d="b c")
+    assert dag.critical_path(graph, {"a": 1.0, "b": 5.0, "c": 2.0, "d": 1.0}) == (["a", "b", "d"], 7.0)
+    assert dag.critical_path(graph, {"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0}) == (["a", "c", "d"], 4.0)
+
+
+def test_critical_path_of_independent_stages_is_the_longest_one() -> None:
+    """
+    a(1)    b(3)    c(2)        stages without a duration (skipped) count as 0
+    """
+    assert dag.critical_path(g(a="", b="", c="", e=""), {"a": 1.0, "b": 3.0, "c": 2.0}) == (["b"], 3.0)
+
+
+def test_critical_path_of_nothing() -> None:
+    assert dag.critical_path({}, {}) == ([], 0.0)
