@@ -1,7 +1,9 @@
 """Atomic outs: a stage writes temporary siblings; they replace the real paths on success.
 
 A failed or killed stage leaves the previous outs as they were. Leftovers of a killed
-run (``.<name>.conveyor-tmp-*``) are removed the next time the stage runs.
+run (``.conveyor-tmp-*-<name>``) are removed the next time the stage runs. The temporary
+name ends with the declared one, so libraries that pick a format from the extension
+(``savefig``, ``save_model``) write the right format.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ TMP_MARK = ".conveyor-tmp-"
 
 
 def _sibling(path: Path, tag: str) -> Path:
-    return path.with_name(f".{path.name}{TMP_MARK}{tag}")
+    return path.with_name(f"{TMP_MARK}{tag}-{path.name}")
 
 
 def _remove(path: Path) -> None:
@@ -34,7 +36,7 @@ def clean_leftovers(root: Path, declared: Iterator[str] | list[str]) -> None:
     for rel in declared:
         target = root / rel
         if target.parent.is_dir():
-            for stray in target.parent.glob(f".{target.name}{TMP_MARK}*"):
+            for stray in target.parent.glob(f"{TMP_MARK}*-{target.name}"):
                 _remove(stray)
 
 

@@ -51,7 +51,7 @@ def test_outs_appear_only_after_the_body_succeeds(tmp_path: Path) -> None:
     with staged_outs(tmp_path, "train", ["models/sub/m.json", "data/out"]) as staging:
         tmp = staging["models/sub/m.json"]
         assert tmp.parent == tmp_path / "models" / "sub"  # a sibling: the rename stays on one filesystem
-        assert tmp.name.startswith(f".m.json{TMP_MARK}")
+        assert tmp.name.startswith(TMP_MARK) and tmp.name.endswith("-m.json")  # keeps the extension
         tmp.write_text("model")
         staging["data/out"].mkdir()
         (staging["data/out"] / "x").write_text("x")
@@ -130,8 +130,8 @@ def test_leftovers_of_a_killed_attempt_are_cleaned_on_the_next_run(tmp_path: Pat
 
 
 def test_leftovers_are_cleaned_even_when_the_next_attempt_fails(tmp_path: Path, previous: dict[str, bytes]) -> None:
-    (tmp_path / "models" / f".a.json{TMP_MARK}1234-deadbeef").write_text("stray")
-    (tmp_path / "data" / f".raw{TMP_MARK}old-cafe").mkdir()
+    (tmp_path / "models" / f"{TMP_MARK}1234-deadbeef-a.json").write_text("stray")
+    (tmp_path / "data" / f"{TMP_MARK}old-cafe-raw").mkdir()
     (tmp_path / "models" / ".a.json.keep").write_text("not ours")
     with pytest.raises(RuntimeError), staged_outs(tmp_path, "train", DECLARED):
         raise RuntimeError("boom")

@@ -1,0 +1,153 @@
+"""The saved models of the pipeline: how to read a split, rebuild each model and predict.
+
+One place for the file formats (``models/xgb.json``, ``models/mlp.pt``,
+``models/stack.json``), shared by training, stacking and evaluation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+    import torch
+    import xgboost as xgb
+
+    Probabilities = npt.NDArray[np.float64]
+
+BASE_MODELS = ("xgb", "mlp")  # the stack's inputs, in column order
+_CLIP = 1e-7
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of data/processed: features in stats.json order, and the label."""
+
+    features: pd.DataFrame
+    label: npt.NDArray[np.int64]
+
+
+def read_split(processed: Path, split: str) -> Split:
+    """Read ``data/processed/<split>`` with pandas (the splits are small)."""
+    import numpy as np
+    import pandas as pd
+
+    from tasks.preprocess import load_stats
+
+    stats = load_stats(processed)
+    frame = pd.read_parquet(processed / split)
+    return Split(
+        features=frame[stats["features"]],
+        label=frame[stats["label"]].to_numpy(dtype=np.int64),
+    )
+
+
+def save_xgb(path: Path, booster: xgb.Booster) -> None:
+    """The booster as JSON, whatever the file is called.
+
+    ``Booster.save_model`` picks the format from the file's extension, and the runner's
+    temporary sibling of ``xgb.json`` need not end in ``.json``.
+    """
+    path.write_bytes(bytes(booster.save_raw(raw_format="json")))
+
+
+def load_xgb(path: Path) -> xgb.Booster:
+    """A booster written by :func:`save_xgb`."""
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(bytearray(path.read_bytes()))
+    return booster
+
+
+def predict_xgb(path: Path, features: pd.DataFrame) -> Probabilities:
+    """P(label = 1) from a saved booster (already cut at its best round)."""
+    import numpy as np
+    import xgboost as xgb
+
+    booster = load_xgb(path)
+    matrix = xgb.DMatrix(features, feature_names=list(features.columns))
+    return np.asarray(booster.predict(matrix), dtype=np.float64)
+
+
+def build_mlp(sizes: list[int]) -> torch.nn.Sequential:
+    """Linear layers of the given sizes with ReLU between them; one logit out."""
+    import torch
+
+    layers: list[torch.nn.Module] = []
+    for n_in, n_out in itertools.pairwise(sizes):
+        layers += [torch.nn.Linear(n_in, n_out), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def save_mlp(path: Path, model: torch.nn.Sequential, sizes: list[int], features: list[str]) -> None:
+    """Save what :func:`load_mlp` needs: layer sizes, feature order and weights."""
+    import torch
+
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    torch.save({"sizes": sizes, "features": features, "state_dict": state}, path)
+
+
+def load_mlp(path: Path) -> tuple[torch.nn.Sequential, list[str]]:
+    """Rebuild the MLP (in eval mode) and its feature order; tensors only, no pickled code."""
+    import torch
+
+    saved: dict[str, Any] = torch.load(path, weights_only=True)
+    model = build_mlp(list(saved["sizes"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), list(saved["features"])
+
+
+def predict_mlp(path: Path, features: pd.DataFrame) -> Probabilities:
+    """P(label = 1) from a saved MLP."""
+    import numpy as np
+    import torch
+
+    model, order = load_mlp(path)
+    inputs = torch.tensor(features[order].to_numpy(dtype=np.float32))
+    with torch.no_grad():
+        logits = model(inputs).squeeze(1)
+    return torch.sigmoid(logits).double().numpy()
+
+
+def base_probabilities(features: pd.DataFrame, xgb_path: Path, mlp_path: Path) -> Probabilities:
+    """The stack's input matrix: one column per base model, in ``BASE_MODELS`` order."""
+    import numpy as np
+
+    return np.column_stack([predict_xgb(xgb_path, features), predict_mlp(mlp_path, features)])
+
+
+def stack_inputs(probabilities: Probabilities) -> Probabilities:
+    """The stack's features: base probabilities as log-odds (clipped away from 0 and 1).
+
+    On the log-odds scale a logistic regression combines the models as a weighted vote
+    and stays calibrated; on raw probabilities its L2 penalty shrinks it to timidity.
+    """
+    import numpy as np
+
+    p = np.clip(probabilities, _CLIP, 1.0 - _CLIP)
+    result: Probabilities = np.log(p / (1.0 - p))
+    return result
+
+
+def save_stack(path: Path, coef: list[float], intercept: float, extra: dict[str, Any]) -> None:
+    """The stack as JSON: logistic regression weights over ``stack_inputs``."""
+    body = {"inputs": list(BASE_MODELS), "transform": "logit", "coef": coef, "intercept": intercept}
+    path.write_text(json.dumps({**body, **extra}, indent=2) + "\n")
+
+
+def predict_stack(path: Path, probabilities: Probabilities) -> Probabilities:
+    """P(label = 1) from the stack, given :func:`base_probabilities`."""
+    import numpy as np
+
+    saved = json.loads(path.read_text())
+    weights = np.asarray(saved["coef"], dtype=np.float64)
+    margin = stack_inputs(probabilities) @ weights + float(saved["intercept"])
+    result: Probabilities = 1.0 / (1.0 + np.exp(-margin))
+    return result

@@ -1,0 +1,37 @@
+"""The reference pipeline (configs/pipeline.yaml) run as a user runs it, three times."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import Project
+
+
+@pytest.mark.slow
+def test_reference_pipeline_runs_skips_and_reproduces(reference_project: Project) -> None:
+    project = reference_project
+    first = project.conveyor("run")
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = project.record()
+    assert {n: s["status"] for n, s in record["stages"].items()} == dict.fromkeys(
+        ["ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate"], "succeeded")
+    metrics = json.loads((project.root / "metrics/test.json").read_text())
+    assert metrics["stack"]["auc"] >= 0.97
+    assert set(metrics) >= {"xgb", "mlp", "stack"}
+    assert (project.root / "plots/roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert record["stages"]["ingest"]["profile"] == "io"
+    assert record["stages"]["preprocess"]["profile"] == "cpu"
+    if record["stages"]["train_xgb"]["profile"] == "cpu":  # no GPU here: the declared fallback
+        assert "no GPU visible: profile 'gpu' falls back to 'cpu'" in first.stderr
+    assert not project.tagged_processes()
+
+    second = project.conveyor("run")
+    assert second.returncode == 0
+    assert {s["status"] for s in project.record()["stages"].values()} == {"skipped"}
+    assert second.stderr.count("up to date") >= 6
+
+    forced = project.conveyor("run", "--force")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert {s["status"] for s in project.record()["stages"].values()} == {"succeeded"}
+    assert json.loads((project.root / "metrics/test.json").read_text()) == metrics

@@ -1,0 +1,87 @@
+"""Training: xgboost.dask early-stops and beats the constant model, the MLP learns, the stack
+is fitted on valid; all from one shared run of the reference chain (see conftest.chain).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from stagebench import StageBench
+
+from tasks import models, train
+
+
+def constant_logloss(label: np.ndarray) -> float:
+    """Log-loss of always predicting the base rate: what any model must beat."""
+    rate = float(label.mean())
+    return -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+
+
+def test_xgboost_early_stops_and_beats_the_constant_model(chain: StageBench) -> None:
+    metrics = chain.json("metrics/train_xgb.json")
+    valid = models.read_split(chain.root / "data/processed", "valid")
+    xgb_params = chain.params["train"]["xgb"]
+
+    assert metrics["n_workers"] == 2 and metrics["device"] == "cpu"
+    assert metrics["rounds"] == metrics["best_iteration"] + 1 + xgb_params["early_stopping_rounds"]
+    assert metrics["rounds"] < xgb_params["num_boost_round"]
+    assert metrics["best_valid_logloss"] < 0.5 * constant_logloss(valid.label)
+    booster = models.load_xgb(chain.root / "models/xgb.json")
+    assert booster.num_boosted_rounds() == metrics["best_iteration"] + 1  # saved cut at its best round
+    assert booster.feature_names == list(valid.features.columns)
+
+
+def test_xgboost_without_a_client_starts_its_own_cluster_and_gives_the_same_model(
+    chain: StageBench, bench: StageBench
+) -> None:
+    """A task given no client (tests, single process) still trains, on a private cluster."""
+    (bench.root / "data").symlink_to(chain.root / "data", target_is_directory=True)
+
+    bench.run(
+        train.xgboost_model,
+        params=["train.xgb", "seed"],
+        deps=["data/processed"],
+        outs=["models/xgb.json"],
+        metrics=["metrics/train_xgb.json"],
+    )
+
+    assert (bench.root / "models/xgb.json").read_bytes() == (chain.root / "models/xgb.json").read_bytes()
+    assert bench.json("metrics/train_xgb.json") == chain.json("metrics/train_xgb.json")
+
+
+def test_mlp_loss_goes_down_and_keeps_its_best_weights(chain: StageBench) -> None:
+    metrics = chain.json("metrics/train_mlp.json")
+    mlp_params = chain.params["train"]["mlp"]
+    valid = models.read_split(chain.root / "data/processed", "valid")
+
+    assert metrics["best_valid_loss"] < 0.25 * metrics["initial_valid_loss"]
+    assert metrics["best_epoch"] <= metrics["epochs"] <= mlp_params["max_epochs"]
+    assert (
+        metrics["epochs"] == metrics["best_epoch"] + mlp_params["patience"]
+        or metrics["epochs"] == mlp_params["max_epochs"]
+    )
+    probability = models.predict_mlp(chain.root / "models/mlp.pt", valid.features)
+    loss = torch.nn.functional.binary_cross_entropy(
+        torch.tensor(probability), torch.tensor(valid.label, dtype=torch.float64)
+    )
+    assert float(loss) == pytest.approx(metrics["best_valid_loss"], abs=1e-5)  # the best weights were saved
+
+
+def test_mlp_file_loads_with_weights_only(chain: StageBench) -> None:
+    saved = torch.load(chain.root / "models/mlp.pt", weights_only=True)
+
+    assert saved["sizes"] == [30, *chain.params["train"]["mlp"]["hidden"], 1]
+    assert len(saved["features"]) == 30
+
+
+def test_stack_is_a_logistic_regression_fitted_on_valid(chain: StageBench) -> None:
+    saved = json.loads((chain.root / "models/stack.json").read_text())
+    valid_rows = chain.json("data/processed/stats.json")["rows"]["valid"]
+
+    assert saved["inputs"] == ["xgb", "mlp"] and saved["transform"] == "logit"
+    assert saved["fitted_on"] == "valid" and saved["rows"] == valid_rows
+    assert len(saved["coef"]) == 2 and all(weight > 0 for weight in saved["coef"])
