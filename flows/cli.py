@@ -79,10 +79,11 @@ def run(
     Profiles(project.pipeline.profiles, overrides)  # unknown profile names: exit 2 before any work
     selected = dag.select(project.graph, targets, downstream=downstream)
     if dry_run:
+        from flows.dvc import open_record
         from flows.fingerprint import plan
         from flows.view import status_table
 
-        out.print(status_table(plan(project, selected, force=force)))
+        out.print(status_table(plan(project, selected, open_record(project), force=force)))
         return
     # The live view shows progress; Prefect's INFO lines still reach its API and UI.
     # A failed stage's traceback stays in Prefect's logs; the summary shows the task's own frames.
@@ -109,11 +110,12 @@ def validate(config: SpecOption = None) -> None:
 @app.command()
 def status(config: SpecOption = None) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
+    from flows.dvc import open_record
     from flows.fingerprint import plan
     from flows.view import status_table
 
     project = _project(config)
-    out.print(status_table(plan(project, set(project.order))))
+    out.print(status_table(plan(project, set(project.order), open_record(project))))
 
 
 class DagFormat(StrEnum):
@@ -132,6 +134,30 @@ def show_dag(
 
     project = _project(config)
     out.print(render_dag(project, fmt.value), highlight=False, markup=False)
+
+
+@app.command("compile")
+def compile_dvc(
+    config: SpecOption = None,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 with a diff if dvc.yaml drifted.")] = False,
+) -> None:
+    """Write dvc.yaml from the spec, so `dvc repro` runs the same pipeline."""
+    from flows.dvc import drift, dvc_yaml, render
+
+    project = _project(config)
+    if check:
+        diff = drift(project)
+        if diff is not None:
+            print(diff, end="")
+            err.print(f"dvc.yaml is out of date with {project.rel(project.spec_path)}: run `conveyor compile`")
+            raise typer.Exit(1)
+        out.print(f"dvc.yaml matches {project.rel(project.spec_path)}")
+        return
+    path = dvc_yaml(project)
+    tmp = path.with_name(".dvc.yaml.tmp")
+    tmp.write_text(render(project), encoding="utf-8")
+    os.replace(tmp, path)
+    out.print(f"wrote {project.rel(path)} ({len(project.order)} stages) from {project.rel(project.spec_path)}")
 
 
 @app.command("exec")

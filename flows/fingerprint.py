@@ -13,9 +13,10 @@ import json
 import os
 import threading
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -145,7 +146,7 @@ def stale_reasons(project: Project, stage: str, state: StageState,
         elif was.get(path) != now[path]:
             reasons.append(f"{what} changed: {path}")
     old_params: Mapping[str, Any] = next(iter(recorded.get("params", {}).values()), {})
-    reasons += [f"params changed: {k}" for k in _changed_keys(old_params, dict(state.params))]
+    reasons += [f"params changed: {k}" for k in changed_keys(old_params, dict(state.params))]
     was_outs = {o["path"]: o.get("md5") for o in recorded.get("outs", [])}
     now_outs = {e.path: e.md5 for e in state.outs}
     for path in spec.written:
@@ -158,10 +159,10 @@ def stale_reasons(project: Project, stage: str, state: StageState,
     return reasons
 
 
-def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         keys = list(dict.fromkeys([*new, *old]))
-        return [c for k in keys for c in _changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")]
+        return [c for k in keys for c in changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")]
     return [prefix.rstrip(".")] if old != new else []
 
 
@@ -201,20 +202,52 @@ class LockRecord:
         os.replace(tmp, self.path)
 
 
-def plan(project: Project, selected: set[str], *, force: bool = False,
-         hasher: Hasher | None = None) -> dict[str, list[str]]:
+class Record(Protocol):
+    """Where a run looks up and records each stage's last success."""
+
+    def session(self) -> AbstractContextManager[Any]:
+        """Held for a whole run (DVC's repository lock, for the DVC-backed record)."""
+        ...
+
+    def reasons(self, stage: str) -> list[str]:
+        """Why ``stage`` must run again; empty when it is up to date."""
+        ...
+
+    def save(self, stage: str) -> None:
+        """Record that ``stage`` just succeeded, as the workspace is now."""
+        ...
+
+
+class FingerprintRecord:
+    """conveyor's own record (``.conveyor/locks/``), for specs that DVC does not run."""
+
+    def __init__(self, project: Project, hasher: Hasher | None = None) -> None:
+        self.project = project
+        self.hasher = hasher or Hasher()
+        self.lock = LockRecord.for_project(project)
+
+    def session(self) -> AbstractContextManager[Any]:
+        return nullcontext(self)
+
+    def reasons(self, stage: str) -> list[str]:
+        state = current_state(self.project, stage, self.hasher)
+        return stale_reasons(self.project, stage, state, self.lock.stages().get(stage))
+
+    def save(self, stage: str) -> None:
+        state = current_state(self.project, stage, self.hasher)
+        self.lock.save(stage, state, self.project.rel(self.project.params_path))
+
+
+def plan(project: Project, selected: set[str], record: Record, *, force: bool = False) -> dict[str, list[str]]:
     """Why each selected stage would run, in order; stages that would be skipped map to ``[]``.
 
     A stage downstream of one that runs is due too: its deps are about to change.
     """
-    hasher = hasher or Hasher()
-    recorded = LockRecord.for_project(project).stages()
     reasons: dict[str, list[str]] = {}
     for stage in project.order:
         if stage not in selected:
             continue
-        own = ["forced"] if force else stale_reasons(
-            project, stage, current_state(project, stage, hasher), recorded.get(stage))
+        own = ["forced"] if force else record.reasons(stage)
         ups = [f"upstream '{u}' is stale" for u in sorted(project.graph[stage]) if reasons.get(u)]
         reasons[stage] = own + ups
     return reasons

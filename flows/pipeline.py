@@ -24,6 +24,7 @@ from prefect.states import Completed, Failed
 
 from flows import dag
 from flows.dag import Outcome, Schedule
+from flows.dvc import open_record
 from flows.errors import UsageError
 from flows.outputs import run_lock
 from flows.profiles import Profiles
@@ -57,10 +58,12 @@ def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
     t0 = time.monotonic()
-    with run_lock(project.root), Profiles(project.pipeline.profiles, options.profiles) as profiles:
+    record = open_record(project)
+    with run_lock(project.root), record.session(), \
+            Profiles(project.pipeline.profiles, options.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
             view.console.print(f"[bold yellow]WARNING[/] {warning}")
-        runner = StageRunner(project, profiles, options.force, run, view)
+        runner = StageRunner(project, profiles, options.force, run, view, record)
 
         def submit(stage: str) -> None:
             spec = project.pipeline.stages[stage]

@@ -18,7 +18,7 @@ from typing import Protocol
 from flows.context import StageContext, StageProgress
 from flows.dag import Outcome
 from flows.errors import StageError
-from flows.fingerprint import Hasher, LockRecord, current_state, stale_reasons
+from flows.fingerprint import Record
 from flows.outputs import staged_outs
 from flows.profiles import Profiles, Resources
 from flows.project import Project, ensure_importable
@@ -47,10 +47,10 @@ class StageRunner:
     """Runs one attempt of one stage: skip check, context, atomic outs, record update."""
 
     def __init__(self, project: Project, profiles: Profiles, force: bool, run: RunRecord,
-                 view: StageEvents) -> None:
+                 view: StageEvents, record: Record | None) -> None:
+        """``record`` None: run without recording (``dvc repro`` records the stage itself)."""
         self.project, self.profiles, self.force, self.run, self.view = project, profiles, force, run, view
-        self.lock = LockRecord.for_project(project)
-        self.hasher = Hasher()
+        self.record = record
         self._mutex = threading.Lock()
         self._threads: dict[str, int] = {}
 
@@ -96,10 +96,9 @@ class StageRunner:
         return stopped
 
     def _reasons(self, stage: str) -> list[str]:
-        if self.force:
+        if self.force or self.record is None:
             return ["forced"]
-        state = current_state(self.project, stage, self.hasher)
-        return stale_reasons(self.project, stage, state, self.lock.stages().get(stage))
+        return self.record.reasons(stage)
 
     def _attempt(self, stage: str, resources: Resources, progress: StageProgress) -> None:
         project, spec = self.project, self.project.pipeline.stages[stage]
@@ -115,8 +114,8 @@ class StageRunner:
             )
             with resources.client.as_current() if resources.client is not None else nullcontext():
                 fn(ctx)
-        state = current_state(project, stage, self.hasher)
-        self.lock.save(stage, state, project.rel(project.params_path))
+        if self.record is not None:
+            self.record.save(stage)
 
 
 def user_frames(exc: BaseException, root: Path) -> str:
@@ -143,11 +142,15 @@ class _QuietEvents:
 def run_one(project: Project, stage: str) -> None:
     """Run exactly one stage now, in this process, with its profile (``conveyor exec``).
 
-    Always runs (DVC has already decided it is due), then updates the fingerprint record.
+    Always runs. Under DVC (the spec dvc.yaml is compiled from) DVC decided it is due and
+    records it itself; for any other spec conveyor's own record is updated.
     """
+    from flows.dvc import compiled_from
+    from flows.fingerprint import FingerprintRecord
     from flows.record import RunRecord, StageRecord
 
     run = RunRecord(run_id="exec", pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
+    record = None if compiled_from(project) else FingerprintRecord(project)
     with Profiles(project.pipeline.profiles) as profiles:
         profiles.check({project.pipeline.stages[stage].on})
-        StageRunner(project, profiles, True, run, _QuietEvents())(stage)
+        StageRunner(project, profiles, True, run, _QuietEvents(), record)(stage)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from flows.fingerprint import Hasher, LockRecord, current_state, plan, stale_reasons
+from flows.fingerprint import FingerprintRecord, Hasher, LockRecord, current_state, plan, stale_reasons
 from flows.project import Project, load_project
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def all_ran(project: ProjectDir) -> Project:
 def test_a_stage_never_run_is_stale(fp: ProjectDir) -> None:
     loaded = load(fp)
     assert stale_reasons(loaded, "ingest", current_state(loaded, "ingest", Hasher()), None) == ["never run"]
-    assert plan(loaded, set(loaded.order)) == {
+    assert plan(loaded, set(loaded.order), FingerprintRecord(loaded)) == {
         "ingest": ["never run"],
         "other": ["never run"],
         "prepare": ["never run", "upstream 'ingest' is stale"],
@@ -110,7 +110,8 @@ def test_a_stage_never_run_is_stale(fp: ProjectDir) -> None:
 
 def test_nothing_changed_means_up_to_date(fp: ProjectDir) -> None:
     loaded = all_ran(fp)
-    assert plan(loaded, set(loaded.order)) == {"ingest": [], "prepare": [], "train": [], "other": []}
+    everything = plan(loaded, set(loaded.order), FingerprintRecord(loaded))
+    assert everything == {"ingest": [], "prepare": [], "train": [], "other": []}
 
 
 def test_current_state_holds_deps_code_params_and_outs(fp: ProjectDir) -> None:
@@ -187,7 +188,8 @@ def test_a_param_of_another_stage_does_not_matter(fp: ProjectDir) -> None:
     all_ran(fp)
     fp.write("params.yaml", (fp.root / "params.yaml").read_text().replace("hidden: 16", "hidden: 32"))
     loaded = load(fp)
-    assert plan(loaded, set(loaded.order)) == {"ingest": [], "prepare": [], "train": [], "other": []}
+    everything = plan(loaded, set(loaded.order), FingerprintRecord(loaded))
+    assert everything == {"ingest": [], "prepare": [], "train": [], "other": []}
 
 
 # --- code ---------------------------------------------------------------------------------
@@ -214,7 +216,8 @@ def test_an_unrelated_module_does_not_matter(fp: ProjectDir) -> None:
     fp.write("tasks/unrelated.py", "def unused():\n    return 1\n")
     fp.write("tasks/brand_new.py", "X = 1\n")
     loaded = load(fp)
-    assert plan(loaded, set(loaded.order)) == {"ingest": [], "prepare": [], "train": [], "other": []}
+    everything = plan(loaded, set(loaded.order), FingerprintRecord(loaded))
+    assert everything == {"ingest": [], "prepare": [], "train": [], "other": []}
 
 
 def test_a_changed_module_imported_relatively(fp: ProjectDir) -> None:
@@ -268,7 +271,7 @@ def test_plan_marks_everything_downstream_of_a_stale_stage(fp: ProjectDir) -> No
     all_ran(fp)
     fp.write("params.yaml", (fp.root / "params.yaml").read_text().replace("shards: 4", "shards: 8"))
     loaded = load(fp)
-    assert plan(loaded, set(loaded.order)) == {
+    assert plan(loaded, set(loaded.order), FingerprintRecord(loaded)) == {
         "ingest": ["params changed: ingest.shards"],
         "prepare": ["upstream 'ingest' is stale"],
         "train": ["upstream 'prepare' is stale"],
@@ -281,14 +284,14 @@ def test_plan_covers_only_the_selection(fp: ProjectDir) -> None:
     all_ran(fp)
     fp.write("tasks/ingest.py", MODULES["tasks/ingest.py"] + "\n# changed\n")
     loaded = load(fp)
-    assert plan(loaded, {"prepare", "train"}) == {"prepare": [], "train": []}
-    assert plan(loaded, {"ingest", "prepare"}) == {
+    assert plan(loaded, {"prepare", "train"}, FingerprintRecord(loaded)) == {"prepare": [], "train": []}
+    assert plan(loaded, {"ingest", "prepare"}, FingerprintRecord(loaded)) == {
         "ingest": ["code changed: tasks/ingest.py"], "prepare": ["upstream 'ingest' is stale"]}
 
 
 def test_plan_force_reruns_the_selection(fp: ProjectDir) -> None:
     loaded = all_ran(fp)
-    assert plan(loaded, {"ingest", "prepare"}, force=True) == {
+    assert plan(loaded, {"ingest", "prepare"}, FingerprintRecord(loaded), force=True) == {
         "ingest": ["forced"], "prepare": ["forced", "upstream 'ingest' is stale"]}
 
 
