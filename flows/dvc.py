@@ -9,6 +9,8 @@ after either tool the other has nothing to do. DVC is imported only here, lazily
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -150,12 +152,31 @@ class DvcRecord:
             raise RunLockedError(f"another DVC or conveyor process holds {self.project.root / '.dvc/tmp/lock'}:"
                                  " wait for it to finish (dvc repro, dvc exp run, conveyor run), then run again"
                                  ) from exc
+        busy = self._running_dvc()
+        if busy:
+            with self._mutex:
+                held.close()
+                self.repo.close()
+            raise RunLockedError(f"DVC is running in {self.project.root} ({'; '.join(busy)}): wait for it to "
+                                 "finish, then run again")
         try:
             yield self
         finally:
             with self._mutex:
                 held.close()
                 self.repo.close()
+
+    def _running_dvc(self) -> list[str]:
+        """Live DVC commands holding path locks (``dvc repro`` releases its repository lock while
+        a stage command runs and keeps only these), as ``"dvc repro (pid 123)"``."""
+        path = self.project.root / ".dvc" / "tmp" / "rwlock"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        holders = [*data.get("write", {}).values(), *(i for infos in data.get("read", {}).values() for i in infos)]
+        return sorted({f"{h.get('cmd', 'dvc')} (pid {h['pid']})" for h in holders
+                       if isinstance(h, dict) and _alive(int(h.get("pid", 0)))})
 
     def locked_stages(self) -> dict[str, Any]:
         path = self.project.root / "dvc.lock"
@@ -181,6 +202,18 @@ class DvcRecord:
         """Record a success: hashes into dvc.lock, outs into the DVC cache (``dvc commit -f``)."""
         with self._mutex:
             self.repo.commit(stage, force=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def check_compiled(project: Project) -> None:

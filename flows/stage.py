@@ -152,5 +152,6 @@ def run_one(project: Project, stage: str) -> None:
     run = RunRecord(run_id="exec", pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
     record = None if compiled_from(project) else FingerprintRecord(project)
     with Profiles(project.pipeline.profiles) as profiles:
-        profiles.check({project.pipeline.stages[stage].on})
+        for warning in profiles.check({project.pipeline.stages[stage].on}):
+            logging.getLogger("conveyor").warning("WARNING %s", warning)
         StageRunner(project, profiles, True, run, _QuietEvents(), record)(stage)

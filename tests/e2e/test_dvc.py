@@ -1,0 +1,229 @@
+"""conveyor and DVC as one pipeline: the real `dvc` CLI in temporary git repos.
+
+The pipeline used here::
+
+    a ──► b ──► c        b reads params b.n; c writes metrics/score.json
+    └───► d              d is an independent branch
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, Project
+
+TASKS = '''
+import json, time
+from pathlib import Path
+
+
+def write(ctx):
+    for path in [*ctx.outs.values(), *ctx.metrics.values()]:
+        path.write_text(json.dumps({"stage": ctx.stage, "params": dict(ctx.params)}, sort_keys=True))
+
+
+def score(ctx):
+    n = json.loads(Path(ctx.dep("out/b.json")).read_text())["params"]["b"]["n"]
+    ctx.out("out/c.json").write_text(json.dumps({"n": n}))
+    ctx.out("metrics/score.json").write_text(json.dumps({"score": n * 2}))
+
+
+def hold(ctx):
+    """Announce the stage runs, then hold (the run and its locks) until the test releases it."""
+    (ctx.root / "hold.started").write_text("1")
+    deadline = time.monotonic() + 120
+    while not (ctx.root / "hold.release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    write(ctx)
+'''
+
+
+def git(project: Project, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=project.root, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def dvc(project: Project, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["dvc", *args], cwd=project.root, env=project.env, capture_output=True, text=True,
+                          timeout=300)
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def dvc_project(make_project: Callable[[], Project], d_task: str = "write") -> Project:
+    """A git + DVC repo holding the pipeline above, compiled and committed."""
+    project = make_project()
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/steps.py", TASKS)
+    project.write("params.yaml", "a: {n: 1}\nb: {n: 2}\n")
+    project.write("configs/pipeline.yaml", f"""
+        pipeline: dvc-demo
+        profiles:
+          io: {{kind: threads, max_workers: 2}}
+        stages:
+          a: {{task: tasks.steps:write, on: io, params: [a], outs: [out/a.json]}}
+          b: {{task: tasks.steps:write, params: [b], deps: [out/a.json], outs: [out/b.json]}}
+          c: {{task: tasks.steps:score, deps: [out/b.json], outs: [out/c.json], metrics: [metrics/score.json]}}
+          d: {{task: tasks.steps:{d_task}, deps: [out/a.json], outs: [out/d]}}
+        """)
+    project.write(".gitignore", "/.conveyor/\n__pycache__/\nhold.*\n")
+    git(project, "init", "-q")
+    git(project, "config", "user.email", "test@example.com")
+    git(project, "config", "user.name", "conveyor tests")
+    dvc(project, "init", "-q")
+    dvc(project, "config", "core.analytics", "false")
+    assert project.conveyor("compile").returncode == 0
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "pipeline")
+    return project
+
+
+def stale_in_dvc_status(project: Project) -> set[str]:
+    done = dvc(project, "status", "--json")
+    return set(json.loads(done.stdout))
+
+
+def statuses(project: Project) -> dict[str, str]:
+    return {n: s["status"] for n, s in project.record()["stages"].items()}
+
+
+def conveyor_status(project: Project) -> dict[str, str]:
+    """`conveyor status` as {stage: why}; '' for up to date."""
+    done = project.conveyor("status")
+    assert done.returncode == 0, done.stderr
+    rows = {}
+    for line in done.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 3 and cells[0] in {"a", "b", "c", "d"}:
+            rows[cells[0]] = cells[2]
+    return rows
+
+
+def test_compile_and_check_drift(make_project: Callable[[], Project]) -> None:
+    project = dvc_project(make_project)
+    compiled = yaml.safe_load((project.root / "dvc.yaml").read_text())["stages"]
+    assert compiled["b"] == {"cmd": "conveyor exec b", "deps": ["out/a.json", "tasks/steps.py"],
+                             "params": ["b"], "outs": ["out/b.json"]}
+    assert compiled["c"]["metrics"] == [{"metrics/score.json": {"cache": False}}]
+    assert project.conveyor("compile", "--check").returncode == 0
+
+    spec = project.root / "configs/pipeline.yaml"
+    spec.write_text(spec.read_text().replace("params: [b]", "params: [b, a]"))
+    check = project.conveyor("compile", "--check")
+    assert check.returncode == 1
+    assert "+    - a" in check.stdout and "dvc.yaml is out of date" in check.stderr
+    run = project.conveyor("run")
+    assert run.returncode == 2 and "run `conveyor compile`" in run.stderr
+    assert project.conveyor("compile").returncode == 0
+    assert project.conveyor("compile", "--check").returncode == 0
+
+
+@pytest.mark.slow
+def test_one_fingerprint_for_conveyor_run_and_dvc_repro(make_project: Callable[[], Project]) -> None:
+    project = dvc_project(make_project)
+    assert project.conveyor("run").returncode == 0
+    assert set(statuses(project).values()) == {"succeeded"}
+    assert stale_in_dvc_status(project) == set()
+    assert set(yaml.safe_load((project.root / "dvc.lock").read_text())["stages"]) == {"a", "b", "c", "d"}
+
+    # One param read by one stage: DVC names that stage; conveyor names it and what follows.
+    project.write("params.yaml", "a: {n: 1}\nb: {n: 5}\n")
+    assert stale_in_dvc_status(project) == {"b"}
+    assert conveyor_status(project) == {"a": "", "b": "params changed: b.n",
+                                        "c": "upstream 'b' is stale", "d": ""}
+
+    repro = dvc(project, "repro")
+    assert "Running stage 'b'" in repro.stdout and "Running stage 'a'" not in repro.stdout
+    assert project.conveyor("run").returncode == 0
+    assert set(statuses(project).values()) == {"skipped"}
+    assert json.loads((project.root / "metrics/score.json").read_text()) == {"score": 10}
+
+
+@pytest.mark.slow
+def test_dvc_repro_first_then_conveyor_skips(make_project: Callable[[], Project]) -> None:
+    project = dvc_project(make_project)
+    dvc(project, "repro")
+    assert stale_in_dvc_status(project) == set()
+    run = project.conveyor("run")
+    assert run.returncode == 0
+    assert set(statuses(project).values()) == {"skipped"}
+    assert run.stderr.count("up to date") >= 4
+
+
+@pytest.mark.slow
+def test_a_run_and_dvc_repro_never_run_at_once(make_project: Callable[[], Project]) -> None:
+    project = dvc_project(make_project, d_task="hold")
+    first = project.popen("run")
+    started = project.root / "hold.started"
+    deadline = time.monotonic() + 120
+    while not started.exists():  # stage d announces that the run is under way
+        assert first.poll() is None, first.stdout.read() if first.stdout else ""
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    repro = dvc(project, "repro", check=False)
+    assert repro.returncode != 0 and "Unable to acquire lock" in repro.stderr
+    second = project.conveyor("run")
+    assert second.returncode == 1
+    assert "another conveyor run holds" in second.stderr
+    assert time.monotonic() - t0 < 60  # both refused at once, neither waited for the run
+    (project.root / "hold.release").write_text("1")
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+    assert stale_in_dvc_status(project) == set()  # dvc.lock intact and complete
+
+    # The other way round: while `dvc repro` holds the repository, conveyor refuses at once.
+    started.unlink()
+    (project.root / "hold.release").unlink()
+    project.write("params.yaml", "a: {n: 2}\nb: {n: 2}\n")
+    repro_proc = subprocess.Popen(["dvc", "repro"], cwd=project.root, env=project.env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        assert repro_proc.poll() is None, repro_proc.stdout.read() if repro_proc.stdout else ""
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    refused = project.conveyor("run")
+    assert refused.returncode == 1
+    assert "DVC is running in" in refused.stderr and "dvc repro" in refused.stderr
+    assert set(statuses(project).values()) == {"not_run"}  # refused before any stage started
+    (project.root / "hold.release").write_text("1")
+    out, _ = repro_proc.communicate(timeout=120)
+    assert repro_proc.returncode == 0, out
+    assert stale_in_dvc_status(project) == set()
+
+
+@pytest.mark.slow
+def test_dvc_experiments_on_the_compiled_pipeline(make_project: Callable[[], Project]) -> None:
+    project = dvc_project(make_project)
+    assert project.conveyor("run").returncode == 0
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "baseline")
+    exp = dvc(project, "exp", "run", "-S", "b.n=7")
+    assert "Running stage 'b'" in exp.stdout and "Running stage 'a'" not in exp.stdout
+    assert json.loads((project.root / "metrics/score.json").read_text()) == {"score": 14}
+    shown = json.loads(dvc(project, "exp", "show", "--json").stdout)
+    assert shown  # the experiment is recorded against the baseline commit
+    diff = dvc(project, "metrics", "diff", "--json").stdout
+    assert json.loads(diff)["metrics/score.json"]["score"] == {"old": 4, "new": 14, "diff": 10}
+
+
+@pytest.mark.slow
+def test_dvc_repro_on_a_fresh_clone_reproduces_the_committed_metrics(tmp_path: Path,
+                                                                     prefect_server: dict[str, str]) -> None:
+    """The repository's own reference pipeline: `dvc repro` on a clean clone, metrics as committed."""
+    committed = subprocess.run(["git", "show", "HEAD:metrics/test.json"], cwd=REPO, capture_output=True, text=True)
+    if committed.returncode != 0:
+        pytest.skip("no metrics/test.json committed yet")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    done = subprocess.run(["dvc", "repro"], cwd=clone, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((clone / "metrics/test.json").read_text()) == json.loads(committed.stdout)
