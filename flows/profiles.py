@@ -76,15 +76,29 @@ def _n_workers(client: Client) -> int:
     return len(client.scheduler_info(n_workers=-1)["workers"])
 
 
+def _security(profile: DaskProfile) -> Any:
+    """distributed's Security for a TLS scheduler, or None for plain TCP."""
+    if profile.security is None:
+        return None
+    from distributed.security import Security
+
+    tls = profile.security
+    return Security(tls_ca_file=tls.ca_file, tls_client_cert=tls.cert, tls_client_key=tls.key,
+                    require_encryption=True)
+
+
 def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
     from distributed import Client, LocalCluster
 
     if profile.address is not None:
         try:
-            client = stack.enter_context(Client(profile.address, set_as_default=False, timeout="30s"))
-        except OSError as exc:
-            raise ProfileError(f"profile '{name}': cannot reach the Dask scheduler at "
-                               f"{profile.address}: {exc}") from exc
+            client = stack.enter_context(Client(profile.address, set_as_default=False, timeout="30s",
+                                                security=_security(profile)))
+        except (OSError, TypeError, ValueError) as exc:  # TypeError: a TLS scheduler, no TLS context
+            hint = " (a tls:// scheduler needs 'security: {ca_file, cert, key}' or Dask's TLS config)" \
+                if profile.address.startswith("tls://") and profile.security is None else ""
+            raise ProfileError(f"profile '{name}': cannot connect to the Dask scheduler at "
+                               f"{profile.address}: {exc}{hint}") from exc
         return Resources(profile=name, client=client, n_workers=_n_workers(client))
     options: dict[str, Any] = {
         "n_workers": profile.n_workers, "threads_per_worker": profile.threads_per_worker,
@@ -116,14 +130,23 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
     return Resources(profile=name, client=client, n_workers=_n_workers(client), devices=tuple(devices))
 
 
-def _start_slurm(name: str, profile: SlurmProfile, stack: ExitStack) -> Resources:
+def slurm_cluster(name: str, profile: SlurmProfile) -> Any:
+    """A dask-jobqueue SLURMCluster for the profile (its scheduler runs here; no job submitted yet)."""
     try:
-        from dask_jobqueue import SLURMCluster
+        from dask_jobqueue.slurm import SLURMCluster
     except ImportError as exc:
-        raise ProfileError(f"profile '{name}' needs dask-jobqueue: pip install dask-jobqueue ({exc})") from exc
-    cluster = stack.enter_context(SLURMCluster(
-        queue=profile.queue, cores=profile.cores, memory=profile.memory, walltime=profile.walltime,
-        processes=profile.processes, job_extra_directives=list(profile.job_extra)))
+        raise ProfileError(f"profile '{name}' needs dask-jobqueue: pip install 'conveyor[slurm]' ({exc})") from exc
+    options: dict[str, Any] = {
+        "queue": profile.queue, "account": profile.account, "interface": profile.interface,
+        "cores": profile.cores, "memory": profile.memory, "walltime": profile.walltime,
+        "processes": profile.processes, "job_extra_directives": list(profile.job_extra),
+        "job_name": f"conveyor-{name}",
+    }
+    return SLURMCluster(**{k: v for k, v in options.items() if v is not None})
+
+
+def _start_slurm(name: str, profile: SlurmProfile, stack: ExitStack) -> Resources:
+    cluster = stack.enter_context(slurm_cluster(name, profile))
     cluster.scale(jobs=profile.jobs)
     client = _client(cluster, stack)
     return Resources(profile=name, client=client, n_workers=profile.jobs * (profile.processes or 1))

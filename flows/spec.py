@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from flows.errors import SpecError, SpecIssue
 from flows.yamlmap import LoadedYaml
@@ -40,11 +40,20 @@ class ThreadsProfile(Model):
     max_workers: PositiveInt = 8
 
 
+class TlsFiles(Model):
+    """TLS files for a scheduler that requires encryption (``tls://`` addresses)."""
+
+    ca_file: str
+    cert: str
+    key: str | None = None
+
+
 class DaskProfile(Model):
     """A Dask LocalCluster started for the run, or an existing scheduler (``address``)."""
 
     kind: Literal["dask"]
     address: str | None = None
+    security: TlsFiles | None = None
     n_workers: PositiveInt | None = None
     threads_per_worker: PositiveInt | None = None
     memory_limit: str | None = None
@@ -52,6 +61,17 @@ class DaskProfile(Model):
     processes: bool = True
 
     _bytes = field_validator("memory_limit")(_check_bytes)
+
+    @model_validator(mode="after")
+    def _one_kind_of_cluster(self) -> DaskProfile:
+        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit", "local_directory")
+                 if getattr(self, k) is not None]
+        if self.address is not None and local:
+            raise ValueError(f"'address' connects to an existing cluster: {', '.join(local)} only apply to "
+                             "a LocalCluster started by conveyor; remove one or the other")
+        if self.security is not None and self.address is None:
+            raise ValueError("'security' applies to an existing cluster: set 'address' too")
+        return self
 
 
 class DaskCudaProfile(Model):
@@ -77,6 +97,8 @@ class SlurmProfile(Model):
 
     kind: Literal["slurm"]
     queue: str | None = None
+    account: str | None = None
+    interface: str | None = None
     cores: PositiveInt = 1
     memory: str = "4GiB"
     walltime: str = "01:00:00"
