@@ -1,0 +1,71 @@
+"""The reference pipeline on a cluster conveyor does not own: `dask scheduler` + two `dask worker`
+processes started here on 127.0.0.1, reached through a profile's `address` and `--profile`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from conftest import Project
+from distributed import Client
+from distributed.utils import open_port
+
+
+@pytest.fixture
+def dask_cluster(reference_project: Project) -> Iterator[str]:
+    """A scheduler and two single-threaded workers, each its own process; stopped at the end."""
+    port = open_port("127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(reference_project.root)}  # workers import the project's tasks
+    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0"], cwd=reference_project.root, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    procs += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--memory-limit", "2GiB",
+                                "--host", "127.0.0.1", "--dashboard-address", ":0", "--name", f"w{i}"],
+                               cwd=reference_project.root, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True) for i in range(2)]
+    try:
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.mark.slow
+def test_reference_pipeline_on_an_existing_cluster(reference_project: Project, dask_cluster: str) -> None:
+    project = reference_project
+    spec = project.root / "configs/pipeline.yaml"
+    spec.write_text(spec.read_text().replace(
+        '  # remote: {kind: dask, address: "tcp://scheduler:8786"}   # an existing Dask cluster',
+        f'  remote: {{kind: dask, address: "{dask_cluster}"}}'))
+    assert project.conveyor("validate").returncode == 0
+    with Client(dask_cluster) as client:
+        before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+        workers = set(client.scheduler_info(n_workers=-1)["workers"])
+
+    run = project.conveyor("run", "--profile", "cpu=remote", "--profile", "gpu=remote")
+    assert run.returncode == 0, run.stderr[-3000:]
+    stages = project.record()["stages"]
+    assert {n: s["profile"] for n, s in stages.items()} == {
+        "ingest": "io", "preprocess": "remote", "train_xgb": "remote", "train_mlp": "local",
+        "stack": "local", "evaluate": "local"}
+    assert json.loads((project.root / "metrics/test.json").read_text())["stack"]["auc"] >= 0.97
+    assert json.loads((project.root / "metrics/train_xgb.json").read_text())["n_workers"] == 2
+
+    with Client(dask_cluster) as client:  # the cluster did the work and is still up, unchanged
+        after = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+        assert after - before > 100
+        assert set(client.scheduler_info(n_workers=-1)["workers"]) == workers
+    assert not project.tagged_processes()  # the run started no process that outlived it
