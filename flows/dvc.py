@@ -102,8 +102,8 @@ def _reason(stage: str, entry: Any, code: set[str], project: Project, locked: Ma
                     what = "code" if path in code else "dep"
                     reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {path}")
         elif kind == "changed outs":
-            for path, state in changes.items():
-                reasons.append(f"out {'missing' if state in ('deleted', 'not in cache') else 'changed'}: {path}")
+            words = {"deleted": "missing", "not in cache": "not in cache"}
+            reasons += [f"out {words.get(state, 'changed')}: {path}" for path, state in changes.items()]
     return reasons
 
 
@@ -188,11 +188,16 @@ class DvcRecord:
 
     def reasons(self, stage: str) -> list[str]:
         """Why DVC considers ``stage`` changed; empty when ``dvc status`` has nothing to say."""
+        from dvc.exceptions import DvcException
+
         with self._mutex:
             locked = self.locked_stages()
             if stage not in locked:
                 return ["never run"]
-            status = self.repo.status(targets=[stage])
+            try:
+                status = self.repo.status(targets=[stage])
+            except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
+                return [f"DVC cannot check it: {exc}"]
         reasons: list[str] = []
         for entry in status.get(stage, []):
             reasons += _reason(stage, entry, self._code[stage], self.project, locked)
