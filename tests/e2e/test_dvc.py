@@ -227,3 +227,10 @@ def test_dvc_repro_on_a_fresh_clone_reproduces_the_committed_metrics(tmp_path: P
     done = subprocess.run(["dvc", "repro"], cwd=clone, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads((clone / "metrics/test.json").read_text()) == json.loads(committed.stdout)
+    shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=clone, capture_output=True, text=True)
+    assert shown.returncode == 0 and "metrics/test.json" in shown.stdout
+    plots = subprocess.run(["dvc", "plots", "show", "plots/roc.png", "-o", str(tmp_path / "plots")], cwd=clone,
+                           capture_output=True, text=True)
+    assert plots.returncode == 0, plots.stderr
+    page = (tmp_path / "plots" / "index.html").read_text()
+    assert "roc.png" in page
