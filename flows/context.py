@@ -78,6 +78,21 @@ class StageContext:
     progress: StageProgress = field(default_factory=StageProgress)
     started: float = field(default_factory=time.monotonic)
 
+    def section_key(self, name: str) -> str:
+        """The declared params key for ``name``: ``name`` itself, or the one declared key
+        ending in ``.name`` (``scale.preprocess``), so another spec can give a task its own section."""
+        if name in self.params:
+            return name
+        matches = [key for key in self.params if key.endswith(f".{name}")]
+        if len(matches) == 1:
+            return matches[0]
+        raise KeyError(f"stage '{self.stage}' must declare the params key '{name}' or one key ending in "
+                       f"'.{name}' (declared: {', '.join(self.params) or 'none'})")
+
+    def section(self, name: str) -> Any:
+        """The value of :meth:`section_key` (``ctx.section("train.xgb")``)."""
+        return self.params[self.section_key(name)]
+
     def dep(self, declared: str) -> Path:
         """The absolute path of a declared dep (``"data/processed"``)."""
         return self._lookup(self.deps, declared, "deps")

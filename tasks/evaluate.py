@@ -22,7 +22,7 @@ def evaluate(ctx: StageContext) -> None:
     """AUC, accuracy and log-loss of xgb, mlp and stack on test; ROC curves to a PNG."""
     processed = ctx.dep("data/processed")
     test = models.read_split(processed, "test")
-    threshold = float(ctx.params["evaluate"]["threshold"])
+    threshold = float(ctx.section("evaluate")["threshold"])
     probabilities = model_probabilities(
         test.features,
         ctx.dep("models/xgb.json"),

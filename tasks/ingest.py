@@ -1,31 +1,52 @@
-"""Ingest: fetch delimited text sources in byte ranges, concurrently, into parquet parts.
+"""Ingest: fetch every source on the stage's thread pool into parquet parts in ``data/raw``.
 
-Each source file is cut into ``block_size`` byte ranges aligned on newlines (every line
-lands in exactly one block), the blocks are fetched and parsed on the stage's thread
-pool, and each non-empty block becomes ``part-NNNNN.parquet`` in ``data/raw``; part
-numbers follow (source, file, offset), so the dataset is the same however threads race.
+Sources (``ingest.sources``) are fsspec URLs or globs (``file://``, ``http(s)://``,
+``s3://``...) read in one of two modes, or ``synthetic`` generators:
+
+- ``blocks`` (the default when ``block_size`` is set): each file is cut into newline-aligned
+  byte ranges, fetched and parsed independently, one part each; a failed range is
+  re-read, not the file. For large single files.
+- ``files``: each file is streamed into a hidden temporary file, checked against the size
+  and md5 its source gives (``md5:`` in params, an S3 ETag, Content-MD5), then parsed
+  into parts of ``rows_per_part`` rows. For many files, and wherever checksums matter.
+- ``{kind: synthetic, ...}``: HIGGS-shaped shards generated in parallel (:mod:`tasks.synthetic`).
+
+Transient failures (5xx, timeouts, dropped connections, damaged transfers) are retried
+with exponential backoff (``ingest.retry``); permanent ones (404, 403, a bad CSV) fail at
+once. Any failure fails the stage with the source's URL and the attempts it took; work not
+yet started is cancelled, and no partial file stays behind. Part numbers follow (source,
+file, offset), so the data set is the same however the threads race.
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import io
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tasks.ingest_params import CsvOptions, IngestParams, UrlSource
+from tasks.parts import part_path, temporary, write_atomically
+from tasks.retry import Cancelled, GaveUp, call_with_retries, describe
+from tasks.sources import RemoteFile, data_start, download, expand_template, list_files, read_range
+from tasks.synthetic import SyntheticSource, write_shard
 
 if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
+    import pandas as pd
 
     from flows.context import StageContext, StageProgress
 
-_PACKAGE_TEMPLATE = re.compile(r"\{package:([A-Za-z_][\w.]*)\}")
-_GLOB_CHARS = ("*", "?", "[")
+__all__ = ["SourceError", "expand_template", "fetch"]
+
+T = TypeVar("T")
 _DEFAULT_WORKERS = 8
+_MB = 1e6
 
 
 class SourceError(OSError):
@@ -42,139 +63,295 @@ class SourceError(OSError):
 
 @dataclass(frozen=True)
 class Block:
-    """One newline-aligned byte range of one source file, and where its rows go."""
+    """One newline-aligned byte range of one file: rows for one part."""
 
     index: int
-    url: str
-    fs: AbstractFileSystem
-    path: str
+    file: RemoteFile
     offset: int
     length: int
+    nbytes: int  # bytes of data lines it will hold, summed over a file: the file's data size
 
 
 @dataclass(frozen=True)
-class CsvOptions:
-    """How to parse a block: the ``ingest`` params that concern parsing."""
+class Transfer:
+    """One whole file, streamed, verified, then parsed into parts."""
 
-    columns: list[str]
-    dtype: str | dict[str, str] | None
-    skip_rows: int
+    index: int
+    file: RemoteFile
+    nbytes: int | None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a synthetic source."""
+
+    index: int
+    source: SyntheticSource
+    shard: int
+    nbytes: int
+
+
+Unit = Block | Transfer | Shard
 
 
 def fetch(ctx: StageContext) -> None:
-    """Fetch every block of every source on the thread pool and write parquet parts."""
-    params: Mapping[str, Any] = ctx.params["ingest"]
-    if params.get("format", "csv") != "csv":
-        raise ValueError(f"ingest.format: only 'csv' is supported, got {params['format']!r}")
-    options = CsvOptions(
-        columns=list(params["columns"]),
-        dtype=params.get("dtype"),
-        skip_rows=int(params.get("skip_rows", 0)),
-    )
-    sources = params["sources"]
-    urls = [sources] if isinstance(sources, str) else list(sources)
-    blocks = plan_blocks(urls, block_size=int(params["block_size"]), skip_rows=options.skip_rows)
-    out = ctx.out("data/raw")
+    """Read the declared ``ingest`` params (or ``<anything>.ingest``), fetch, write parts."""
+    key = ctx.section_key("ingest")
+    raw: Mapping[str, Any] = ctx.params[key]
+    params = IngestParams.parse(raw, key=key)
+    out = _out_dir(ctx)
     out.mkdir(parents=True)
-    ctx.progress.start(len(blocks), unit="blocks", description="fetching")
+    started = time.monotonic()
     with _executor(ctx.executor) as pool:
-        futures = [pool.submit(_fetch_block, block, options, out) for block in blocks]
-        rows = _collect(futures, ctx.progress)
+        run = IngestRun(params, out, ctx.progress, ctx.log)
+        units = run.plan(pool)
+        rows = run.execute(pool, units)
     if rows == 0:
-        raise ValueError(f"ingest: the sources {urls} hold no data rows")
-    ctx.log.info("ingested %d rows from %d blocks of %d source(s)", rows, len(blocks), len(urls))
+        raise ValueError(f"{key}: the sources hold no data rows")
+    seconds = time.monotonic() - started
+    ctx.log.info("ingested %d rows in %d parts from %d source(s): %.1f MB in %.1f s (%.1f MB/s), %d retries",
+                 rows, len(units), len(params.sources), run.meter.bytes / _MB, seconds,
+                 run.meter.bytes / _MB / max(seconds, 1e-9), run.retries)
 
 
-def _collect(futures: list[Future[int]], progress: StageProgress) -> int:
-    """Total rows of the fetched blocks; on the first failure the blocks not started are
-    cancelled (the runner's pool is shared) and the error, naming its source, propagates."""
-    rows = 0
-    try:
-        for future in as_completed(futures):
-            rows += future.result()
-            progress.advance(1)
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        raise
-    return rows
+class IngestRun:
+    """The state the workers of one ingest share: params, out dir, progress, cancellation."""
 
+    def __init__(self, params: IngestParams, out: Path, progress: StageProgress, log: Any) -> None:
+        self.params, self.out, self.log = params, out, log
+        self.cancel = threading.Event()
+        self.meter = Meter(progress)
+        self.retries = 0
+        self._lock = threading.Lock()
 
-def plan_blocks(urls: Sequence[str], *, block_size: int, skip_rows: int) -> list[Block]:
-    """Every block of every file the URLs name, in (source, file, offset) order."""
-    if block_size < 1:
-        raise ValueError(f"ingest.block_size must be >= 1, got {block_size}")
-    blocks: list[Block] = []
-    for url in urls:
-        for fs, path in _expand(url):
-            for offset in _offsets(url, fs, path, block_size, skip_rows):
-                blocks.append(Block(len(blocks), url, fs, path, offset, block_size))
-    return blocks
+    # --- planning -------------------------------------------------------------------
 
+    def plan(self, pool: Executor) -> list[Unit]:
+        """Every unit of work in (source, file, offset) order; listings run on the pool."""
+        urls = [s for s in self.params.sources if isinstance(s, UrlSource)]
+        self.meter.planning(len(urls))
+        listed = dict(zip(urls, run_all(pool, [self._lister(s) for s in urls], self.cancel), strict=True))
+        blocky = [(s, f) for s in urls if s.mode == "blocks" for f in listed[s]]
+        starts = run_all(pool, [self._starter(s, f) for s, f in blocky], self.cancel)
+        offsets = dict(zip([f for _, f in blocky], starts, strict=True))
+        units: list[Unit] = []
+        for source in self.params.sources:
+            if isinstance(source, SyntheticSource):
+                units += [Shard(len(units) + i, source, i, source.shard_bytes(i)) for i in range(source.shards)]
+            elif source.mode == "files":
+                units += [Transfer(len(units) + i, f, f.size) for i, f in enumerate(listed[source])]
+            else:
+                for file in listed[source]:
+                    units += self._blocks(len(units), file, offsets[file])
+        self.meter.begin(units)
+        return units
 
-def expand_template(url: str) -> str:
-    """Replace ``{package:NAME}`` with the directory of the installed package NAME."""
-    return _PACKAGE_TEMPLATE.sub(lambda m: str(importlib.resources.files(m.group(1))), url)
+    def _lister(self, source: UrlSource) -> Callable[[], list[RemoteFile]]:
+        def list_source() -> list[RemoteFile]:
+            return self._retrying(source.url, source.url, lambda: list_files(source.url, self.params.access,
+                                                                              md5=source.md5))
+        return list_source
 
+    def _starter(self, source: UrlSource, file: RemoteFile) -> Callable[[], int]:
+        def find_start() -> int:
+            if file.size is None:
+                raise SourceError(source.url, f"{_where(file)}the size is unknown, which blocks mode needs; "
+                                  "use mode: files for this source")
+            skip = self.params.csv.skip_rows if self.params.csv else 0
+            return self._retrying(file.url, file.location, lambda: data_start(file, skip))
+        return find_start
 
-def _expand(url: str) -> list[tuple[AbstractFileSystem, str]]:
-    """The (filesystem, path) pairs a URL names: one file, or the sorted matches of a glob."""
-    import fsspec.core
+    def _blocks(self, first: int, file: RemoteFile, start: int) -> list[Block]:
+        """``block_size`` ranges for ``read_block``, which gives a block the lines that start
+        in ``(offset, offset + length]`` (the first block also the line at 0): starting one
+        byte before the first data line puts that line in the first block."""
+        assert file.size is not None  # checked by _starter
+        size, block_size = file.size, self.params.block_size
+        offset0 = start - 1 if start > 0 else 0
+        offsets = range(offset0, max(size, offset0 + 1), block_size)
+        ends = [min(o + block_size, size) for o in offsets]
+        return [Block(first + i, file, o, block_size, max(0, e - max(o, start))) for i, (o, e) in
+                enumerate(zip(offsets, ends, strict=True))]
 
-    try:
-        fs, path = fsspec.core.url_to_fs(expand_template(url))
-        if not any(char in path for char in _GLOB_CHARS):
-            return [(fs, path)]
-        matches = sorted(fs.glob(path))
-    except Exception as exc:
-        raise SourceError(url, f"{type(exc).__name__}: {exc}") from exc
-    if not matches:
-        raise SourceError(url, "no files match the pattern")
-    return [(fs, match) for match in matches]
+    # --- execution ------------------------------------------------------------------
 
+    def execute(self, pool: Executor, units: Sequence[Unit]) -> int:
+        """Run every unit on the pool; the total number of rows written."""
+        return sum(run_all(pool, [self._runner(unit) for unit in units], self.cancel, self.meter.unit_done))
 
-def _offsets(url: str, fs: AbstractFileSystem, path: str, block_size: int, skip_rows: int) -> range:
-    """The offsets of the ``block_size`` blocks of one file, for ``fsspec.utils.read_block``.
+    def _runner(self, unit: Unit) -> Callable[[], int]:
+        if isinstance(unit, Shard):
+            return lambda: self._shard(unit)
+        if isinstance(unit, Transfer):
+            return lambda: self._transfer(unit)
+        return lambda: self._block(unit)
 
-    ``read_block`` gives a block the lines that start in ``(offset, offset + length]``
-    (the first block also the line at 0), so starting one byte before the first data line
-    (the newline that ends the skipped rows) puts that line in the first block.
-    """
-    try:
-        size = int(fs.size(path))
-        data_start = _skip_lines(fs, path, skip_rows)
-    except Exception as exc:
-        raise SourceError(url, f"{type(exc).__name__}: {exc}") from exc
-    first = data_start - 1 if data_start > 0 else 0
-    return range(first, max(size, first + 1), block_size)
+    def _shard(self, unit: Shard) -> int:
+        if self.cancel.is_set():
+            raise Cancelled()
+        rows = write_shard(unit.source, unit.shard, part_path(self.out, unit.index))
+        self.meter.add_bytes(unit.nbytes)
+        return rows
 
-
-def _skip_lines(fs: AbstractFileSystem, path: str, n: int) -> int:
-    """The byte offset just past the first ``n`` lines of a file (the header rows)."""
-    if n == 0:
-        return 0
-    with fs.open(path, "rb") as f:
-        for _ in range(n):
-            f.readline()
-        return int(f.tell())
-
-
-def _fetch_block(block: Block, options: CsvOptions, out: Path) -> int:
-    """Read, parse and write one block; the number of rows it held (0: nothing written)."""
-    import pandas as pd
-    from fsspec.utils import read_block
-
-    try:
-        with block.fs.open(block.path, "rb") as f:
-            data = read_block(f, block.offset, block.length, delimiter=b"\n")
+    def _block(self, block: Block) -> int:
+        file = block.file
+        data = self._retrying(file.url, file.location, lambda: read_range(file, block.offset, block.length))
+        self.meter.add_bytes(len(data))
         if not data.strip():
             return 0
-        frame = pd.read_csv(io.BytesIO(data), header=None, names=options.columns, dtype=options.dtype)
-    except Exception as exc:
-        where = f"{block.path} bytes {block.offset}+{block.length}"
-        raise SourceError(block.url, f"{where}: {type(exc).__name__}: {exc}") from exc
-    frame.to_parquet(out / f"part-{block.index:05d}.parquet", index=False)
-    return len(frame)
+        where = f"{file.path} bytes {block.offset}+{block.length}"
+        return self._write_parts(file, where, io.BytesIO(data), index=block.index, skip_rows=0, rows_per_part=None)
+
+    def _transfer(self, unit: Transfer) -> int:
+        file, counted = unit.file, [0]
+        dest = temporary(part_path(self.out, unit.index).with_suffix(""), "download")  # .part-00003.download
+
+        def count(n: int) -> None:
+            counted[0] += n
+            self.meter.add_bytes(n)
+
+        def attempt() -> None:
+            self.meter.add_bytes(-counted[0])  # a retry starts from byte 0 again
+            counted[0] = 0
+            download(file, dest, cancel=self.cancel, on_bytes=count)
+
+        try:
+            self._retrying(file.url, file.location, attempt)
+            self.log.debug("%s: %d bytes arrived; checked: size %s, md5 %s", file.location, counted[0],
+                           file.size is not None, file.md5_from or "none given")
+            return self._write_parts(file, file.path, dest, index=unit.index, skip_rows=None,
+                                     rows_per_part=self.params.rows_per_part)
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def _write_parts(self, file: RemoteFile, where: str, src: Path | io.BytesIO, *, index: int,
+                     skip_rows: int | None, rows_per_part: int | None) -> int:
+        """Parse CSV rows into parts as they are read (``part-I`` for a block, ``part-I-K``
+        per chunk of a file); a parse error is permanent and names the source and the place."""
+        assert self.params.csv is not None  # URL sources always have CSV options
+        rows = 0
+        try:
+            for chunk, frame in enumerate(iter_csv(src, self.params.csv, rows_per_part=rows_per_part,
+                                                   skip_rows=skip_rows)):
+                path = part_path(self.out, index, None if rows_per_part is None else chunk)
+                write_atomically(path, partial(frame.to_parquet, index=False))
+                rows += len(frame)
+        except Exception as exc:
+            raise SourceError(file.url, f"{where}: {type(exc).__name__}: {exc}") from exc
+        return rows
+
+    def _retrying(self, url: str, location: str, fn: Callable[[], T]) -> T:
+        """``fn()`` with the retry policy; a failure for good becomes a :class:`SourceError`."""
+
+        def on_retry(attempt: int, error: BaseException, delay: float) -> None:
+            with self._lock:
+                self.retries += 1
+            self.log.warning("%s: attempt %d of %d failed (%s); retrying in %.2f s", location, attempt,
+                             self.params.retry.attempts, describe(error), delay)
+
+        try:
+            return call_with_retries(fn, self.params.retry, cancel=self.cancel, on_retry=on_retry)
+        except GaveUp as exc:
+            where = "" if location == url else f"{location}: "
+            raise SourceError(url, where + str(exc)) from exc.error
+
+
+def iter_csv(src: Path | io.BytesIO, options: CsvOptions, *, rows_per_part: int | None,
+             skip_rows: int | None) -> Iterator[pd.DataFrame]:
+    """The rows of a CSV file or buffer, in frames of at most ``rows_per_part`` rows (None:
+    one frame), read lazily; ``skip_rows`` None: skip the header rows the options name."""
+    import pandas as pd
+
+    kwargs: dict[str, Any] = {"header": None, "names": options.columns, "dtype": options.dtype,
+                              "skiprows": options.skip_rows if skip_rows is None else skip_rows}
+    try:
+        if rows_per_part is None:
+            yield pd.read_csv(src, **kwargs)
+            return
+        with pd.read_csv(src, chunksize=rows_per_part, **kwargs) as reader:
+            yield from reader
+    except pd.errors.EmptyDataError:
+        return
+
+
+def run_all(pool: Executor, fns: Sequence[Callable[[], T]], cancel: threading.Event,
+            on_done: Callable[[], None] | None = None) -> list[T]:
+    """``[fn() for fn in fns]`` on the pool, results in order.
+
+    On the first failure the work not started is cancelled (the runner's pool is shared),
+    the running work is told to stop and awaited (so it leaves no file behind), and the
+    error propagates. On Ctrl-C nothing is awaited.
+    """
+    futures: list[Future[T]] = [pool.submit(fn) for fn in fns]
+    try:
+        for future in as_completed(futures):
+            future.result()
+            if on_done is not None:
+                on_done()
+    except BaseException as exc:
+        cancel.set()
+        for future in futures:
+            future.cancel()
+        if isinstance(exc, Exception):
+            wait(futures)
+        raise
+    return [future.result() for future in futures]
+
+
+def _where(file: RemoteFile) -> str:
+    return "" if file.location == file.url else f"{file.location}: "
+
+
+def _out_dir(ctx: StageContext) -> Path:
+    """``data/raw``, or the stage's only out when it declares another path."""
+    if "data/raw" not in ctx.outs and len(ctx.outs) == 1:
+        return next(iter(ctx.outs.values()))
+    return ctx.out("data/raw")
+
+
+class Meter:
+    """Ingest progress on the stage's StageProgress: MB moved as completed/total, and in
+    the description the parts done (files, blocks or shards) and the rate."""
+
+    def __init__(self, progress: StageProgress) -> None:
+        self.progress = progress
+        self.bytes = 0
+        self.done = 0
+        self.parts = 0
+        self.noun = "parts"
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+
+    def planning(self, sources: int) -> None:
+        self.progress.start(None, unit="MB", description=f"listing {sources} source(s)")
+
+    def begin(self, units: Sequence[Unit]) -> None:
+        sizes = [unit.nbytes for unit in units]
+        total = sum(s for s in sizes if s is not None) / _MB if None not in sizes else None
+        nouns = {Block: "blocks", Transfer: "files", Shard: "shards"}
+        kinds = {nouns[type(unit)] for unit in units}
+        self.parts, self.noun = len(units), kinds.pop() if len(kinds) == 1 else "parts"
+        self._started = time.monotonic()
+        self.progress.start(total, unit="MB", description=self._describe())
+
+    def add_bytes(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+            self.progress.advance(n / _MB)
+            self._show()
+
+    def unit_done(self) -> None:
+        with self._lock:
+            self.done += 1
+            self._show()
+
+    def _show(self) -> None:
+        # One reference assignment: the live view reads it whole, before or after.
+        self.progress.description = self._describe()
+
+    def _describe(self) -> str:
+        rate = self.bytes / _MB / max(time.monotonic() - self._started, 1e-9)
+        return f"{self.done}/{self.parts} {self.noun}, {rate:.1f} MB/s"
 
 
 @contextmanager

@@ -60,7 +60,7 @@ def prepare(ctx: StageContext) -> None:
     import dask.dataframe as dd
     from dask.base import compute
 
-    params: Mapping[str, Any] = ctx.params["preprocess"]
+    params: Mapping[str, Any] = ctx.section("preprocess")
     label, seed = str(params["label"]), int(ctx.params["seed"])
     fractions = Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
     ctx.progress.start(3, unit="steps", description="preprocessing")
