@@ -170,6 +170,26 @@ def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], 
     run_one(project, stage)
 
 
+@app.command()
+def deploy() -> None:
+    """Register the prefect.yaml deployments (pipeline, retrain); create their process work pool if missing."""
+    from flows.deploy import deploy_all
+    from flows.project import find_root
+
+    deploy_all(find_root(Path.cwd()))
+
+
+@app.command()
+def serve(
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once (they share the workspace).")] = 1,
+) -> None:
+    """Serve the prefect.yaml deployments from this process (Prefect serve) until Ctrl-C; no work pool needed."""
+    from flows.deploy import serve_all
+    from flows.project import find_root
+
+    serve_all(find_root(Path.cwd()), limit=limit)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

@@ -76,3 +76,15 @@ class MissingOutputError(StageError):
 
 class RunLockedError(ConveyorError, RuntimeError):
     """Another conveyor run holds the project's run lock."""
+
+
+class RegistryError(ConveyorError, ValueError):
+    """The model registry, or a metric a promotion compares, cannot be read or written."""
+
+    exit_code = 1
+
+
+class DeployError(ConveyorError, RuntimeError):
+    """Deployments cannot be registered or served (no prefect.yaml, no Prefect server, a bad entry)."""
+
+    exit_code = 1

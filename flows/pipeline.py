@@ -12,6 +12,7 @@ import logging
 import queue
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from flows import dag
 from flows.dag import Outcome, Schedule
 from flows.dvc import open_record
 from flows.errors import UsageError
+from flows.fingerprint import Record
 from flows.outputs import run_lock
 from flows.profiles import Profiles
 from flows.project import Project, load_project, resolve_spec
@@ -44,6 +46,35 @@ class RunOptions:
     downstream: bool = False
     force: bool = False
     profiles: Mapping[str, str] = field(default_factory=dict)
+    forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
+
+
+@dataclass(frozen=True)
+class ForcedRecord:
+    """A record that calls ``forced`` stages stale whatever their fingerprint; the rest as ``inner`` says."""
+
+    inner: Record
+    forced: frozenset[str]
+
+    def session(self) -> AbstractContextManager[Any]:
+        return self.inner.session()
+
+    def reasons(self, stage: str) -> list[str]:
+        return ["forced"] if stage in self.forced else self.inner.reasons(stage)
+
+    def save(self, stage: str) -> None:
+        self.inner.save(stage)
+
+
+def check_options(project: Project, options: RunOptions) -> None:
+    """Unknown stages or profiles in ``options``: a UsageError before anything runs."""
+    from flows.spec import did_you_mean
+
+    unknown = [s for s in (*options.stages, *options.forced) if s not in project.pipeline.stages]
+    if unknown:
+        hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
+        raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
+    Profiles(project.pipeline.profiles, options.profiles)  # raises on unknown profile names
 
 
 def _stage_task(stage: str, runner: StageRunner) -> str:
@@ -58,7 +89,9 @@ def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
     t0 = time.monotonic()
-    record = open_record(project)
+    record: Record = open_record(project)
+    if options.forced:
+        record = ForcedRecord(record, frozenset(options.forced))
     with run_lock(project.root), record.session(), \
             Profiles(project.pipeline.profiles, options.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
@@ -145,9 +178,12 @@ def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None 
     """Run a conveyor pipeline: the stages of ``spec`` (or a selection) as Prefect tasks."""
     project = load_project(resolve_spec(Path(spec)))
     options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}))
-    unknown = [s for s in options.stages if s not in project.pipeline.stages]
-    if unknown:
-        raise UsageError(f"unknown stage(s): {', '.join(unknown)} (stages: {', '.join(project.order)})")
+    check_options(project, options)
+    return final_state(run_in_flow(project, options))
+
+
+def run_in_flow(project: Project, options: RunOptions) -> RunRecord:
+    """Inside a flow run: execute, write the run record, publish the summary artifact."""
     run = RunRecord(new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""))
     selected = dag.select(project.graph, options.stages, downstream=options.downstream)
     run.stages = {s: StageRecord() for s in project.order if s in selected}
@@ -158,6 +194,11 @@ def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None 
         run.write(project.root)
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
+    return run
+
+
+def final_state(run: RunRecord) -> State[Any]:
+    """The flow run's end state, carrying the run record."""
     message = f"{run.pipeline}: {run.status}"
     if run.status == "failed":
         return Failed(message=f"{message}; failed: {', '.join(run.failed)}", data=run.to_dict())
