@@ -7,7 +7,6 @@ flow shares this one, on a free loopback port with a temporary PREFECT_HOME.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from subprocs import stop_group
 
 
 def free_port() -> int:
@@ -57,12 +57,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         yield {"PREFECT_HOME": str(home), "PREFECT_API_URL": url,
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout=30)
         log.close()
 
 

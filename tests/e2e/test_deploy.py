@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -35,6 +34,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
+from subprocs import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -317,12 +317,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, s
         _wait_polled(project, proc, log, since)
         yield Served(project, log)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout=30)
 
 
 def _wait_polled(project: Project, proc: subprocess.Popen[bytes], log: Path, since: datetime) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ import pytest
 from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
+from subprocs import stop_group
 
 
 @pytest.fixture
@@ -33,14 +33,8 @@ def dask_cluster(reference_project: Project) -> Iterator[str]:
             client.wait_for_workers(2, timeout=120)
         yield address
     finally:
-        for proc in reversed(procs):
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for proc in reversed(procs):  # workers first, then the scheduler
+            stop_group(proc)
 
 
 @pytest.mark.slow
