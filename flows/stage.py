@@ -10,10 +10,10 @@ import importlib
 import logging
 import threading
 import traceback
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from flows.context import StageContext, StageProgress
 from flows.dag import Outcome
@@ -112,10 +112,28 @@ class StageRunner:
                 client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
                 devices=resources.devices, progress=progress,
             )
-            with resources.client.as_current() if resources.client is not None else nullcontext():
+            with current_client(resources.client) if resources.client is not None else nullcontext():
                 fn(ctx)
         if self.record is not None:
             self.record.save(stage)
+
+
+@contextmanager
+def current_client(client: Any) -> Iterator[None]:
+    """Make ``client`` the one dask computes on, in this stage's thread only.
+
+    ``Client.as_current()`` would also set dask's process-wide ``scheduler`` config and
+    restore it on exit; stages running at once exit in any order and would leave it
+    wrong for the rest of the process. The context-local client alone is enough:
+    with no ``scheduler`` configured, dask asks ``distributed.get_client()``, which returns it.
+    """
+    from distributed.client import _current_client  # the contextvar behind Client.current()
+
+    token = _current_client.set(client)
+    try:
+        yield
+    finally:
+        _current_client.reset(token)
 
 
 def user_frames(exc: BaseException, root: Path) -> str:

@@ -52,7 +52,9 @@ def save_xgb(path: Path, booster: xgb.Booster) -> None:
     """The booster as JSON, whatever the file is called.
 
     ``Booster.save_model`` picks the format from the file's extension, and the runner's
-    temporary sibling of ``xgb.json`` need not end in ``.json``.
+    temporary sibling of ``xgb.json`` need not end in ``.json``. The model JSON holds the
+    trees, not the training configuration (``device`` included): a booster trained with
+    ``device="cuda"`` loads and predicts on a machine without a GPU.
     """
     path.write_bytes(bytes(booster.save_raw(raw_format="json")))
 
@@ -87,18 +89,26 @@ def build_mlp(sizes: list[int]) -> torch.nn.Sequential:
 
 
 def save_mlp(path: Path, model: torch.nn.Sequential, sizes: list[int], features: list[str]) -> None:
-    """Save what :func:`load_mlp` needs: layer sizes, feature order and weights."""
+    """Save what :func:`load_mlp` needs: layer sizes, feature order and weights.
+
+    The weights are saved as CPU tensors whatever device the model trained on, so a model
+    trained on a GPU profile feeds a CPU stage through this file alone.
+    """
     import torch
 
-    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
     torch.save({"sizes": sizes, "features": features, "state_dict": state}, path)
 
 
 def load_mlp(path: Path) -> tuple[torch.nn.Sequential, list[str]]:
-    """Rebuild the MLP (in eval mode) and its feature order; tensors only, no pickled code."""
+    """Rebuild the MLP (in eval mode, on CPU) and its feature order; tensors only, no pickled code.
+
+    ``map_location="cpu"``: a file whose tensors were saved on a GPU (by another tool, or
+    an older version of :func:`save_mlp`) still loads on a machine without one.
+    """
     import torch
 
-    saved: dict[str, Any] = torch.load(path, weights_only=True)
+    saved: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
     model = build_mlp(list(saved["sizes"]))
     model.load_state_dict(saved["state_dict"])
     return model.eval(), list(saved["features"])

@@ -1,7 +1,9 @@
-"""Train: gradient-boosted trees on the Dask cluster, an MLP in-process, and their stack.
+"""Train: gradient-boosted trees on the Dask cluster, an MLP, and their stack.
 
 All three read ``data/processed`` (written by :mod:`tasks.preprocess`) and save their model
 in the formats of :mod:`tasks.models`; each is seeded so a rerun gives the same bytes.
+The MLP trains in-process when its stage has no cluster, and with torch
+DistributedDataParallel, one rank per Dask worker (:mod:`tasks.ddp`), when it has one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from flows.context import StageContext, StageProgress
 
 _DIGITS = 6  # metrics are rounded, so reruns and diffs read the same
+COLLECTIVE_LOCK = "conveyor-collective"  # see collective_job
 
 
 # --- xgboost on Dask -------------------------------------------------------------------
@@ -43,7 +46,7 @@ def _train_xgb(ctx: StageContext, client: Client) -> tuple[Any, dict[str, Any]]:
     import xgboost as xgb
     import xgboost.dask
 
-    params: Mapping[str, Any] = ctx.params["train.xgb"]
+    params: Mapping[str, Any] = ctx.section("train.xgb")
     processed = ctx.dep("data/processed")
     stats = load_stats(processed)
     workers = _workers_in_rank_order(client)
@@ -53,15 +56,16 @@ def _train_xgb(ctx: StageContext, client: Client) -> tuple[Any, dict[str, Any]]:
     dvalid = xgb.dask.DaskDMatrix(client, valid[stats["features"]], valid[stats["label"]])
     ctx.progress.advance(1)
     booster_params = _booster_params(params, seed=int(ctx.params["seed"]), gpu=bool(ctx.devices))
-    result = xgb.dask.train(
-        client,
-        booster_params,
-        dtrain,
-        num_boost_round=int(params["num_boost_round"]),
-        evals=[(dvalid, "valid")],
-        early_stopping_rounds=int(params["early_stopping_rounds"]),
-        verbose_eval=False,
-    )
+    with collective_job(client):
+        result = xgb.dask.train(
+            client,
+            booster_params,
+            dtrain,
+            num_boost_round=int(params["num_boost_round"]),
+            evals=[(dvalid, "valid")],
+            early_stopping_rounds=int(params["early_stopping_rounds"]),
+            verbose_eval=False,
+        )
     ctx.progress.advance(1)
     booster, losses = result["booster"], result["history"]["valid"]["logloss"]
     best = int(booster.best_iteration)
@@ -130,6 +134,21 @@ def _pinned(client: Client, frame: dd.DataFrame, workers: list[str]) -> dd.DataF
 
 
 @contextmanager
+def collective_job(client: Client) -> Iterator[None]:
+    """Hold the cluster's lock for jobs whose tasks wait on each other (xgboost.dask, DDP).
+
+    Each such job runs one task per worker, and each task blocks until all of them run.
+    Two jobs at once on workers with one thread each can deadlock: worker A runs job 1's
+    task, worker B job 2's, and each waits for a thread the other holds. The lock lives
+    on the scheduler, so it also serialises jobs of other runs sharing the cluster.
+    """
+    from distributed import Lock
+
+    with Lock(COLLECTIVE_LOCK, scheduler_rpc=client.scheduler, loop=client.loop):
+        yield
+
+
+@contextmanager
 def _dask_client(client: Client | None) -> Iterator[Client]:
     """The stage's client, or a small in-process cluster for the duration of the call.
 
@@ -161,7 +180,13 @@ def _dask_client(client: Client | None) -> Iterator[Client]:
 
 @dataclass(frozen=True)
 class MlpParams:
-    """The ``train.mlp`` params."""
+    """The ``train.mlp`` params.
+
+    ``batch_size`` is the global batch: under DDP each of N ranks takes ``batch_size // N``
+    rows per step. The last two only matter under DDP: ``collective_timeout_s`` bounds the
+    rendezvous and every collective, ``fail_on_rank`` makes that rank raise at its first
+    step (fault injection, for tests of the failure path).
+    """
 
     hidden: list[int]
     learning_rate: float
@@ -169,9 +194,12 @@ class MlpParams:
     batch_size: int
     max_epochs: int
     patience: int
+    collective_timeout_s: float = 300.0
+    fail_on_rank: int | None = None
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> MlpParams:
+        fail_on_rank = params.get("fail_on_rank")
         return cls(
             hidden=[int(n) for n in params["hidden"]],
             learning_rate=float(params["learning_rate"]),
@@ -179,6 +207,8 @@ class MlpParams:
             batch_size=int(params["batch_size"]),
             max_epochs=int(params["max_epochs"]),
             patience=int(params["patience"]),
+            collective_timeout_s=float(params.get("collective_timeout_s", 300.0)),
+            fail_on_rank=None if fail_on_rank is None else int(fail_on_rank),
         )
 
 
@@ -194,46 +224,90 @@ class FitResult:
 
 
 def mlp_model(ctx: StageContext) -> None:
-    """Train a small MLP (one process) with Adam, early-stopped on valid loss, best weights kept."""
+    """Train a small MLP with Adam, early-stopped on valid loss, best weights kept.
+
+    With no cluster (``ctx.client`` is None, a stage without ``on:``) it trains in this
+    process; on a Dask profile it trains with DDP, one rank per worker, on the workers'
+    GPUs when the profile has devices (see :mod:`tasks.ddp`).
+    """
+    params = MlpParams.from_params(ctx.section("train.mlp"))
+    if ctx.client is not None:
+        _mlp_ddp(ctx, ctx.client, params)
+        return
     import torch
 
-    params = MlpParams.from_params(ctx.params["train.mlp"])
     processed = ctx.dep("data/processed")
     train, valid = models.read_split(processed, "train"), models.read_split(processed, "valid")
     features = list(train.features.columns)
     sizes = [len(features), *params.hidden, 1]
-    with torch.random.fork_rng(devices=[]), _deterministic_torch():
+    with torch.random.fork_rng(devices=[]), deterministic_torch():
         torch.manual_seed(int(ctx.params["seed"]))
         model = models.build_mlp(sizes)
-        fit = _fit_mlp(model, _tensors(train), _tensors(valid), params, ctx.progress)
+        fit = _fit_mlp(model, tensors(train), tensors(valid), params, ctx.progress)
     model.load_state_dict(fit.state)
     models.save_mlp(out_file(ctx.out("models/mlp.pt")), model, sizes, features)
+    _write_mlp_metrics(ctx, fit.epochs, fit.best_epoch, fit.initial_valid_loss, fit.best_valid_loss)
+
+
+def _mlp_ddp(ctx: StageContext, client: Client, params: MlpParams) -> None:
+    """DDP on the stage's workers; rank 0 writes the model, every rank agreed on its weights."""
+    from tasks import ddp
+
+    job = ddp.DdpJob(
+        processed=str(ctx.dep("data/processed")),
+        out=str(out_file(ctx.out("models/mlp.pt"))),
+        params=params,
+        seed=int(ctx.params["seed"]),
+        gpu=bool(ctx.devices),
+    )
+    ranks = ddp.train_on_workers(client, job, progress=ctx.progress, log=ctx.log)
+    lead = ranks[0]
+    extra = {"world_size": len(ranks), "backend": ddp.backend(gpu=job.gpu)}
+    _write_mlp_metrics(ctx, lead.epochs, lead.best_epoch, lead.initial_valid_loss, lead.best_valid_loss, extra)
+    ctx.log.info("mlp: %d DDP ranks agree on weights sha256 %s", len(ranks), lead.weights_sha256[:12])
+
+
+def _write_mlp_metrics(
+    ctx: StageContext,
+    epochs: int,
+    best_epoch: int,
+    initial_valid_loss: float,
+    best_valid_loss: float,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     write_json(
         ctx.out("metrics/train_mlp.json"),
         {
-            "epochs": fit.epochs,
-            "best_epoch": fit.best_epoch,
-            "initial_valid_loss": round(fit.initial_valid_loss, _DIGITS),
-            "best_valid_loss": round(fit.best_valid_loss, _DIGITS),
+            "epochs": epochs,
+            "best_epoch": best_epoch,
+            "initial_valid_loss": round(initial_valid_loss, _DIGITS),
+            "best_valid_loss": round(best_valid_loss, _DIGITS),
+            **(extra or {}),
         },
     )
-    ctx.log.info("mlp: best epoch %d of %d", fit.best_epoch, fit.epochs)
+    ctx.log.info("mlp: best epoch %d of %d", best_epoch, epochs)
 
 
 @contextmanager
-def _deterministic_torch() -> Iterator[None]:
-    """Deterministic torch kernels for the duration of the call (a process-wide switch)."""
+def deterministic_torch(*, warn_only: bool = False) -> Iterator[None]:
+    """Deterministic torch kernels for the duration of the call (a process-wide switch).
+
+    ``warn_only``: ops without a deterministic kernel warn instead of raising (on GPUs,
+    where cuBLAS may have been set up before ``CUBLAS_WORKSPACE_CONFIG`` was).
+    """
     import torch
 
     before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
+    before_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(before)
+        torch.use_deterministic_algorithms(before, warn_only=before_warn)
 
 
-def _tensors(split: models.Split) -> tuple[torch.Tensor, torch.Tensor]:
+def tensors(split: models.Split) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features as float32 rows and the label as float32, as the MLP's loss wants them."""
     import numpy as np
     import torch
 
@@ -254,7 +328,7 @@ def _fit_mlp(
     optimizer = torch.optim.Adam(model.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     initial = best = _valid_loss(model, valid, loss_fn)
-    result = FitResult(_snapshot(model), 0, 0, initial, best)
+    result = FitResult(snapshot(model), 0, 0, initial, best)
     progress.start(params.max_epochs, unit="epochs", description="mlp")
     for epoch in range(1, params.max_epochs + 1):
         _train_epoch(model, train, optimizer, loss_fn, params.batch_size)
@@ -262,7 +336,7 @@ def _fit_mlp(
         result.epochs = epoch
         progress.advance(1)
         if loss < result.best_valid_loss:
-            result.state, result.best_epoch, result.best_valid_loss = _snapshot(model), epoch, loss
+            result.state, result.best_epoch, result.best_valid_loss = snapshot(model), epoch, loss
         elif epoch - result.best_epoch >= params.patience:
             break
     return result
@@ -298,7 +372,8 @@ def _valid_loss(
         return float(loss_fn(model(data[0]).squeeze(1), data[1]))
 
 
-def _snapshot(model: torch.nn.Sequential) -> dict[str, torch.Tensor]:
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the weights, safe from later optimiser steps."""
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
@@ -316,7 +391,7 @@ def stack(ctx: StageContext) -> None:
     processed = ctx.dep("data/processed")
     valid = models.read_split(processed, "valid")
     probabilities = models.base_probabilities(valid.features, ctx.dep("models/xgb.json"), ctx.dep("models/mlp.pt"))
-    c = float(ctx.params["train.stack"]["C"])
+    c = float(ctx.section("train.stack")["C"])
     fitted = LogisticRegression(C=c, random_state=int(ctx.params["seed"])).fit(
         models.stack_inputs(probabilities), valid.label
     )

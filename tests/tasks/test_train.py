@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from stagebench import StageBench
+from stagebench import REPO, StageBench
 
 from tasks import models, train
 
@@ -85,3 +89,30 @@ def test_stack_is_a_logistic_regression_fitted_on_valid(chain: StageBench) -> No
     assert saved["inputs"] == ["xgb", "mlp"] and saved["transform"] == "logit"
     assert saved["fitted_on"] == "valid" and saved["rows"] == valid_rows
     assert len(saved["coef"]) == 2 and all(weight > 0 for weight in saved["coef"])
+
+
+def test_an_mlp_file_with_cuda_tensors_loads_on_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    """A model trained on a GPU profile feeds CPU stages through its file: load_mlp maps
+    tensors saved on ``cuda:0`` to the CPU. The file is written the way a GPU writes it
+    (every storage tagged ``cuda:0``, through torch's serialization registry), in a
+    separate process, so that the tagging stays out of this one."""
+    path = tmp_path / "mlp.pt"
+    save = """
+        import sys, torch
+        from tasks import models
+        torch.serialization.register_package(0, lambda storage: "cuda:0", lambda storage, location: None)
+        torch.manual_seed(0)
+        model = models.build_mlp([3, 4, 1])
+        torch.save({"sizes": [3, 4, 1], "features": ["a", "b", "c"], "state_dict": model.state_dict()}, sys.argv[1])
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(save), str(path)], cwd=REPO, check=True, timeout=120)
+
+    if not torch.cuda.is_available():  # really tagged cuda:0: without map_location it cannot load here
+        with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
+            torch.load(path, weights_only=True)
+    model, features = models.load_mlp(path)
+
+    assert features == ["a", "b", "c"] and {p.device.type for p in model.parameters()} == {"cpu"}
+    torch.manual_seed(0)
+    expected = models.build_mlp([3, 4, 1]).state_dict()
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in expected.items())
