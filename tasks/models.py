@@ -6,6 +6,7 @@ One place for the file formats (``models/xgb.json``, ``models/mlp.pt``,
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 from dataclasses import dataclass
@@ -97,7 +98,12 @@ def save_mlp(path: Path, model: torch.nn.Sequential, sizes: list[int], features:
     import torch
 
     state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
-    torch.save({"sizes": sizes, "features": features, "state_dict": state}, path)
+    # Through a buffer: saved to a path, torch names the archive's root folder after the file,
+    # and the runner's temporary names differ every run, so the same weights got new bytes
+    # (and DVC reran every stage downstream).
+    buffer = io.BytesIO()
+    torch.save({"sizes": sizes, "features": features, "state_dict": state}, buffer)
+    path.write_bytes(buffer.getvalue())
 
 
 def load_mlp(path: Path) -> tuple[torch.nn.Sequential, list[str]]:

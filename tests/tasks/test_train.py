@@ -116,3 +116,21 @@ def test_an_mlp_file_with_cuda_tensors_loads_on_a_machine_without_a_gpu(tmp_path
     torch.manual_seed(0)
     expected = models.build_mlp([3, 4, 1]).state_dict()
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in expected.items())
+
+
+def test_the_same_mlp_weights_give_the_same_bytes_under_any_file_name(tmp_path: Path) -> None:
+    """The runner writes outs under random temporary names: the bytes must not depend on them,
+    or DVC sees a changed model (and reruns what follows) after every deterministic retrain."""
+    import torch
+
+    from tasks.models import load_mlp, save_mlp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    first, second = tmp_path / ".conveyor-tmp-1a2b-mlp.pt", tmp_path / ".conveyor-tmp-9f8e-mlp.pt"
+    for path in (first, second):
+        save_mlp(path, model, [3, 2], ["x", "y", "z"])
+    assert first.read_bytes() == second.read_bytes()
+    loaded, features = load_mlp(first)
+    assert features == ["x", "y", "z"]
+    assert torch.equal(loaded[0].weight, model[0].weight)
