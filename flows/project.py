@@ -12,8 +12,9 @@ import ast
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -39,6 +40,11 @@ class Project:
     params_path: Path
     params: Mapping[str, Any]
     graph: Mapping[str, frozenset[str]]
+    # Task sources, found once per stage: stages check their fingerprint in parallel threads,
+    # and CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch").
+    _sources: dict[str, list[Path]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _sources_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                          compare=False)
 
     @property
     def order(self) -> list[str]:
@@ -50,8 +56,11 @@ class Project:
 
     def task_sources(self, stage: str) -> list[Path]:
         """The source files of a stage's task: its module and the project modules it imports."""
-        spec = self.pipeline.stages[stage]
-        return sorted(_local_sources(self.root, spec.module, self.pipeline.task_packages))
+        with self._sources_lock:
+            if stage not in self._sources:
+                spec = self.pipeline.stages[stage]
+                self._sources[stage] = sorted(_local_sources(self.root, spec.module, self.pipeline.task_packages))
+            return list(self._sources[stage])
 
     def rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
@@ -210,11 +219,11 @@ def _check_references(doc: LoadedYaml, raw: dict[str, Any], params: Mapping[str,
             if params and key not in param_keys:
                 issue(("stages", name, "params", i), f"unknown param key '{key}' in "
                       f"{raw.get('params') or 'params.yaml'}{did_you_mean(key, param_keys)}")
-        for field in ("deps", "outs", "metrics"):
-            for i, path in _strings(body, field):
+        for kind in ("deps", "outs", "metrics"):
+            for i, path in _strings(body, kind):
                 problem = _path_problem(path)
                 if problem:
-                    issue(("stages", name, field, i), problem)
+                    issue(("stages", name, kind, i), problem)
         task = body.get("task")
         if isinstance(task, str) and ":" in task:
             problem = _task_problem(root, task, [str(p) for p in packages])
@@ -332,11 +341,11 @@ def _check_graph(doc: LoadedYaml, stages: Mapping[str, Stage], graph: dag.Graph,
     for name, stage in stages.items():
         owners += [(name, i, "outs", p) for i, p in enumerate(stage.outs)]
         owners += [(name, i, "metrics", p) for i, p in enumerate(stage.metrics)]
-    for n, (writer, i, field, path) in enumerate(owners):
+    for n, (writer, i, kind, path) in enumerate(owners):
         for other, _, _, other_path in owners[:n]:
             if dag.overlaps(path, other_path):
-                issues.append(SpecIssue(doc.path, doc.line(("stages", writer, field, i)),
-                                        f"stages.{writer}.{field}",
+                issues.append(SpecIssue(doc.path, doc.line(("stages", writer, kind, i)),
+                                        f"stages.{writer}.{kind}",
                                         f"'{path}' is also written by stage '{other}' ('{other_path}'): "
                                         "every out has one producer"))
     produced = [p for *_, p in owners]
