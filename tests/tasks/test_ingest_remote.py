@@ -201,7 +201,11 @@ def test_http_files_arrive_intact_through_503_drop_reset_stall_and_corruption(
     pd.testing.assert_frame_equal(ingested(bench.root), expected(*files.values()))
     assert {path: server.requests[("GET", path)] for path in files} == dict.fromkeys(files, 2)  # one retry each
     retried = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
-    assert len(retried) == 5
+    # Every file was fetched twice (above). Ours retried each, except that a reset which lands
+    # before the response headers is retried by aiohttp itself (an idempotent GET): then c.csv
+    # has no line of ours. Which one happens is up to the scheduler.
+    assert {line.split(":")[2].split("/")[-1] for line in retried} >= set(faults) - {"c.csv"}
+    assert len(retried) in (4, 5)
     assert any("md5" in line and "does not match" in line for line in retried)  # e.csv, by its Content-MD5
     checked = [r.getMessage() for r in caplog.records if "bytes arrived" in r.getMessage()]
     assert sum("md5 params" in line for line in checked) == 1
