@@ -77,7 +77,7 @@ class FlakyServer:
     files: dict[str, bytes]
     plan: FaultPlan = lambda method, path, rng, n: None
     latency_s: float = 0.005
-    stall_s: float = 1.0
+    stall_s: float = 6.0  # well past the client's timeout, even on a loaded machine
     barrier: threading.Barrier | None = None  # GETs wait for each other here
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     broken_barriers: int = 0
@@ -196,7 +196,7 @@ def test_http_files_arrive_intact_through_503_drop_reset_stall_and_corruption(
     sources = [{"url": server.url("a.csv"), "md5": md5_a}, *(server.url(name) for name in list(files)[1:])]
 
     with caplog.at_level(logging.DEBUG, logger="tests.fetch"):
-        run_ingest(bench, sources, timeout_s=0.3)
+        run_ingest(bench, sources, timeout_s=2.0)  # a healthy request never takes 2 s, even under CI load
 
     pd.testing.assert_frame_equal(ingested(bench.root), expected(*files.values()))
     assert {path: server.requests[("GET", path)] for path in files} == dict.fromkeys(files, 2)  # one retry each
