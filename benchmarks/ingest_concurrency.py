@@ -1,4 +1,4 @@
-"""ingest-concurrency: ``tasks.ingest:fetch`` over HTTP with latency, 1 transfer at a time vs 8.
+"""ingest-concurrency: ``conveyor.ingest.fetch:fetch`` over HTTP with latency, 1 transfer at a time vs 8.
 
 Many small CSV sources behind a server that answers each request 100 ms late: the
 ingest is waiting, not computing, so a thread pool of 8 should finish several times
@@ -49,7 +49,7 @@ def ingest_params(urls: list[str]) -> dict[str, Any]:
 def run(config: Config, log: Callable[[str], None]) -> Result:
     import pandas as pd
 
-    from tasks.ingest import fetch as ingest_fetch
+    from conveyor.ingest.fetch import fetch as ingest_fetch
 
     sources, rows_per_source = (12, 1000) if config.quick else (24, 2000)
     repeats = config.reps(full=5, quick=3)
@@ -107,7 +107,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     bound = per_run * LATENCY_S
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline=f"tasks.ingest:fetch with a ThreadPoolExecutor(max_workers={BASELINE_WORKERS}) as ctx.executor",
+        baseline=f"conveyor.ingest fetch with a ThreadPoolExecutor(max_workers={BASELINE_WORKERS}) as ctx.executor",
         candidate=f"the same with max_workers={CANDIDATE_WORKERS} (a threads profile's max_workers)",
         repeats=repeats, metrics=[wall, rate],
         setup={"sources": f"{sources} CSV files of {rows_per_source} rows x {len(COLUMNS)} columns "

@@ -1,6 +1,6 @@
 """preprocess-workers: ``tasks.preprocess:prepare`` on a Dask LocalCluster of 1 worker vs 2.
 
-Synthetic HIGGS-shaped parquet parts (``tasks.synthetic``, as ``configs/scale.yaml``
+Synthetic HIGGS-shaped parquet parts (``conveyor.ingest.synthetic``, as ``configs/scale.yaml``
 ingests them) are generated once; then ``prepare`` (clean, exact stratified split,
 train statistics, standardise, write the three splits) runs against two LocalClusters
 started beforehand (not measured): 1 worker process and 2 worker processes, one thread
@@ -38,8 +38,8 @@ WARM_UP_ROWS = 20_000
 
 def generate(raw: Path, rows: int, shards: int) -> None:
     """``shards`` parquet parts of ``rows`` synthetic rows in ``raw`` (as the ingest task writes them)."""
-    from tasks.parts import part_path
-    from tasks.synthetic import SyntheticSource, write_shard
+    from conveyor.ingest.parts import part_path
+    from conveyor.ingest.synthetic import SyntheticSource, write_shard
 
     source = SyntheticSource(rows=rows, shards=shards, seed=42)
     raw.mkdir(parents=True)
@@ -183,7 +183,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         candidate=f"the same on a LocalCluster(n_workers={CANDIDATE_WORKERS}, threads_per_worker=1)",
         repeats=repeats, metrics=[wall, rate, busy, control],
         setup={"data": f"{rows:,} rows x 29 columns (float32 features, int64 label) in {shards} parquet parts, "
-                       "tasks.synthetic seed 42",
+                       "conveyor.ingest.synthetic seed 42",
                "params": json.dumps(PARAMS),
                "clusters": "both started before the first measurement and kept for the benchmark (worker processes, "
                            "127.0.0.1, memory_limit 6GiB)",

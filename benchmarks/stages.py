@@ -10,7 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.context import StageContext
+from conveyor.run.context import StageContext
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
 
-    from flows.context import StageContext
+    from conveyor.run.context import StageContext
 
 SPLITS = ("train", "valid", "test")
 SPLIT_COLUMN = "split"

@@ -3,7 +3,7 @@
 All three read ``data/processed`` (written by :mod:`tasks.preprocess`) and save their model
 in the formats of :mod:`tasks.models`; each is seeded so a rerun gives the same bytes.
 The MLP trains in-process when its stage has no cluster, and with torch
-DistributedDataParallel, one rank per Dask worker (:mod:`tasks.ddp`), when it has one.
+DistributedDataParallel, one rank per Dask worker (:mod:`conveyor.train.ddp`), when it has one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from distributed import Client
 
-    from flows.context import StageContext, StageProgress
+    from conveyor.run.context import StageContext, StageProgress
 
 _DIGITS = 6  # metrics are rounded, so reruns and diffs read the same
 COLLECTIVE_LOCK = "conveyor-collective"  # see collective_job
@@ -228,7 +228,7 @@ def mlp_model(ctx: StageContext) -> None:
 
     With no cluster (``ctx.client`` is None, a stage without ``on:``) it trains in this
     process; on a Dask profile it trains with DDP, one rank per worker, on the workers'
-    GPUs when the profile has devices (see :mod:`tasks.ddp`).
+    GPUs when the profile has devices (see :mod:`conveyor.train.ddp`).
     """
     params = MlpParams.from_params(ctx.section("train.mlp"))
     if ctx.client is not None:
@@ -251,7 +251,7 @@ def mlp_model(ctx: StageContext) -> None:
 
 def _mlp_ddp(ctx: StageContext, client: Client, params: MlpParams) -> None:
     """DDP on the stage's workers; rank 0 writes the model, every rank agreed on its weights."""
-    from tasks import ddp
+    from conveyor.train import ddp
 
     job = ddp.DdpJob(
         processed=str(ctx.dep("data/processed")),

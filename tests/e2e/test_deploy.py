@@ -231,7 +231,8 @@ def test_deploy_creates_the_pool_registers_both_deployments_and_a_worker_runs_th
         assert deployment.enforce_parameter_schema
         assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory":
                                           {"directory": str(project.root.resolve())}}]
-    assert (pipeline.entrypoint, retrain.entrypoint) == ("flows.pipeline.pipeline_flow", "flows.deploy.retrain_flow")
+    assert (pipeline.entrypoint, retrain.entrypoint) == (
+        "conveyor.prefect.flow.pipeline_flow", "conveyor.prefect.deploy.retrain_flow")
     assert pipeline.schedules == []
 
     # The retrain schedule: the server's next runs are the cron's next times, in its timezone.
@@ -450,7 +451,7 @@ def test_deployment_parameters_that_fail_validation_are_rejected_before_anything
 
 @pytest.fixture
 def toy_project(tmp_path: Path) -> Any:
-    from flows.project import load_project
+    from conveyor.spec.project import load_project
 
     root = tmp_path / "proj"
     root.mkdir()
@@ -472,8 +473,8 @@ def toy_project(tmp_path: Path) -> Any:
 ])
 def test_retrain_parameters_are_checked_against_the_spec(toy_project: Any, change: dict[str, Any],
                                                          message: str) -> None:
-    from flows.deploy import retrain_plan
-    from flows.errors import ConveyorError
+    from conveyor.errors import ConveyorError
+    from conveyor.prefect.deploy import retrain_plan
 
     params: dict[str, Any] = {"ingest": ["ingest"], "metric": "metrics/test.json:stack.auc", "direction": "max",
                               "min_delta": 0.0, "model": "models/stack.json", "registry": "models/registry.json",
@@ -483,7 +484,7 @@ def test_retrain_parameters_are_checked_against_the_spec(toy_project: Any, chang
 
 
 def test_retrain_forces_the_source_stages_by_default(toy_project: Any) -> None:
-    from flows.deploy import retrain_plan
+    from conveyor.prefect.deploy import retrain_plan
 
     plan = retrain_plan(toy_project, ingest=None, metric="metrics/test.json:stack.auc", direction="min",
                         min_delta=0.5, model="models/stack.json", registry="models/registry.json")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from flows.errors import RegistryError
-from flows.registry import (
+from conveyor.errors import RegistryError
+from conveyor.models.registry import (
     Candidate,
     MetricRef,
     PromotionRule,

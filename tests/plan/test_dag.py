@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from flows import dag
-from flows.dag import Outcome, Schedule
-from flows.spec import Pipeline
+from conveyor.plan import dag
+from conveyor.plan.dag import Outcome, Schedule
+from conveyor.spec.models import Pipeline
 
 
 def pipeline(**stages: dict[str, Any]) -> Pipeline:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from flows.fingerprint import FingerprintRecord, Hasher, LockRecord, current_state, plan, stale_reasons
-from flows.project import Project, load_project
+from conveyor.plan.fingerprint import FingerprintRecord, Hasher, LockRecord, current_state, plan, stale_reasons
+from conveyor.spec.project import Project, load_project
 
 if TYPE_CHECKING:
     from conftest import ProjectDir

@@ -13,9 +13,9 @@ from cryptography.x509.oid import NameOID
 from distributed import LocalCluster
 from distributed.security import Security
 
-from flows.errors import ProfileError, SpecError
-from flows.profiles import Profiles, slurm_cluster
-from flows.spec import DaskProfile, Pipeline, SlurmProfile
+from conveyor.errors import ProfileError, SpecError
+from conveyor.run.profiles import Profiles, slurm_cluster
+from conveyor.spec.models import DaskProfile, Pipeline, SlurmProfile
 
 
 def test_slurm_profile_generates_the_job_script_it_declares() -> None:
@@ -35,8 +35,8 @@ def test_slurm_profile_generates_the_job_script_it_declares() -> None:
 
 def test_address_and_local_cluster_options_are_exclusive() -> None:
     with pytest.raises(SpecError, match="'address' connects to an existing cluster: n_workers only apply"):
-        from flows.spec import parse_pipeline
-        from flows.yamlmap import LoadedYaml
+        from conveyor.spec.models import parse_pipeline
+        from conveyor.spec.yamlmap import LoadedYaml
 
         parse_pipeline(LoadedYaml(Path("spec.yaml"), {
             "pipeline": "x", "stages": {"a": {"task": "tasks.x:y"}},

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.errors import MissingOutputError, RunLockedError
-from flows.outputs import TMP_MARK, run_lock, staged_outs
+from conveyor.errors import MissingOutputError, RunLockedError
+from conveyor.run.outs import TMP_MARK, run_lock, staged_outs
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -109,7 +109,7 @@ def test_leftovers_of_a_killed_attempt_are_cleaned_on_the_next_run(tmp_path: Pat
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from flows.outputs import staged_outs
+        from conveyor.run.outs import staged_outs
         with staged_outs(Path({str(tmp_path)!r}), "train", {DECLARED!r}) as staging:
             staging["models/a.json"].write_text("partial")
             staging["data/raw"].mkdir()
@@ -144,8 +144,8 @@ def test_leftovers_are_cleaned_even_when_the_next_attempt_fails(tmp_path: Path, 
 TAKE_LOCK = """
 import sys, time
 from pathlib import Path
-from flows.errors import RunLockedError
-from flows.outputs import run_lock
+from conveyor.errors import RunLockedError
+from conveyor.run.outs import run_lock
 start = time.perf_counter()
 try:
     with run_lock(Path(sys.argv[1])):

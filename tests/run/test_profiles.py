@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
-from flows.errors import ProfileError, UsageError
-from flows.profiles import LOCAL, Profiles, visible_gpus
-from flows.spec import DaskCudaProfile, DaskProfile, Profile, ThreadsProfile
+from conveyor.errors import ProfileError, UsageError
+from conveyor.run.profiles import LOCAL, Profiles, visible_gpus
+from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, ThreadsProfile
 
 if TYPE_CHECKING:
     from conftest import ProjectDir

@@ -8,7 +8,7 @@ import dask
 import dask.array as da
 from distributed import Client, LocalCluster
 
-from flows.stage import current_client
+from conveyor.run.stage import current_client
 
 
 def test_concurrent_stages_each_use_their_client_and_leave_dask_config_alone() -> None:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from flows.errors import SpecError, SpecIssue
-from flows.project import load_project
+from conveyor.errors import SpecError, SpecIssue
+from conveyor.spec.project import load_project
 
 if TYPE_CHECKING:
     from conftest import ProjectDir
@@ -665,12 +665,12 @@ def test_validate_with_a_missing_spec_file_is_a_usage_error(project: ProjectDir)
 HEAVY_IMPORT_CHECK = """
 import json, sys
 from typer.testing import CliRunner
-import flows.cli
+import conveyor.cli.app
 
-good = CliRunner().invoke(flows.cli.app, ["validate", "-c", sys.argv[1]])
+good = CliRunner().invoke(conveyor.cli.app.app, ["validate", "-c", sys.argv[1]])
 sys.argv = ["conveyor", "validate", "-c", sys.argv[2]]
 try:
-    flows.cli.main()
+    conveyor.cli.app.main()
     bad = 0
 except SystemExit as exc:
     bad = exc.code

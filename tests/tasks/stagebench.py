@@ -19,8 +19,9 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
-from flows.context import StageContext
-from tasks import evaluate, ingest, preprocess, train
+from conveyor.ingest import fetch as ingest
+from conveyor.run.context import StageContext
+from tasks import evaluate, preprocess, train
 
 REPO = Path(__file__).resolve().parents[2]
 Task = Callable[[StageContext], None]

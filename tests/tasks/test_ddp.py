@@ -1,4 +1,4 @@
-"""torch DDP on Dask workers (tasks.ddp): one rank per worker of the session's 2-process
+"""torch DDP on Dask workers (conveyor.train.ddp): one rank per worker of the session's 2-process
 LocalCluster (conftest.client), gloo on CPU, on the data of the shared reference chain.
 
     task (this process) --client.submit(workers=[w])--> rank 0 on worker A --gloo-- rank 1 on worker B
@@ -19,8 +19,9 @@ import torch
 from distributed import Client, LocalCluster
 from stagebench import REPO, StageBench
 
-from flows.context import StageContext, StageProgress
-from tasks import ddp, models, train
+from conveyor.run.context import StageContext, StageProgress
+from conveyor.train import ddp
+from tasks import models, train
 
 MLP_METRICS = ["epochs", "best_epoch", "initial_valid_loss", "best_valid_loss"]
 
@@ -130,7 +131,7 @@ def test_the_model_trained_on_workers_loads_on_cpu_in_a_fresh_process(client: Cl
     run_mlp(data_bench, client, max_epochs=3)
     model, _ = models.load_mlp(data_bench.root / "models/mlp.pt")
     script = (
-        "import sys; from pathlib import Path; from tasks import ddp, models; "
+        "import sys; from pathlib import Path; from conveyor.train import ddp; from tasks import models; "
         "print(ddp.weights_sha256(models.load_mlp(Path(sys.argv[1]))[0].state_dict()))"
     )
 

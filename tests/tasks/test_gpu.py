@@ -25,8 +25,9 @@ import torch
 from distributed import Client
 from stagebench import REPO, StageBench, Task, lookup
 
-from flows.context import StageContext, StageProgress
-from tasks import ddp, evaluate, models, train
+from conveyor.run.context import StageContext, StageProgress
+from conveyor.train import ddp
+from tasks import evaluate, models, train
 
 GPUS = torch.cuda.device_count()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs an NVIDIA GPU (torch sees none)")]
@@ -35,7 +36,7 @@ CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a fresh process that se
 
 @pytest.fixture(scope="module")
 def cuda_client() -> Iterator[Client]:
-    """The `gpu` profile: LocalCUDACluster as flows.profiles starts it, one worker per GPU."""
+    """The `gpu` profile: LocalCUDACluster as conveyor.run.profiles starts it, one worker per GPU."""
     dask_cuda = pytest.importorskip("dask_cuda")
     with (
         dask_cuda.LocalCUDACluster(dashboard_address=":0", scheduler_kwargs={"dashboard": False}) as cluster,
@@ -221,7 +222,8 @@ def test_gpu_trained_mlp_loads_on_cpu_in_a_fresh_process(gpu_models: StageBench)
         """
         import sys
         from pathlib import Path
-        from tasks import ddp, models
+        from tasks import models
+        from conveyor.train import ddp
         print(ddp.weights_sha256(models.load_mlp(Path(sys.argv[1]))[0].state_dict()))
         """,
         str(path),

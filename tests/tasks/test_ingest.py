@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from stagebench import StageBench
 
-from tasks import ingest
+from conveyor.ingest import fetch as ingest
 
 T = TypeVar("T")
 BREAST_CANCER = Path(str(importlib.resources.files("sklearn"))) / "datasets/data/breast_cancer.csv"

@@ -30,7 +30,7 @@ import pandas as pd
 import pytest
 from stagebench import StageBench
 
-from tasks import ingest
+from conveyor.ingest import fetch as ingest
 
 COLUMNS = ["a", "b", "c", "d", "label"]
 FAST_RETRY = {"attempts": 4, "initial_delay_s": 0.01, "max_delay_s": 0.05, "jitter": 0.5}
@@ -354,7 +354,7 @@ def test_storage_options_are_keyed_by_protocol(bench: StageBench) -> None:
 def test_backoff_grows_exponentially_up_to_the_cap_with_bounded_jitter() -> None:
     import random
 
-    from tasks.retry import RetryPolicy
+    from conveyor.ingest.retry import RetryPolicy
 
     policy = RetryPolicy(attempts=8, initial_delay_s=0.5, max_delay_s=4.0, multiplier=2.0, jitter=0.25)
     rng = random.Random(0)
@@ -371,7 +371,7 @@ def test_which_errors_are_transient() -> None:
     import aiohttp
     from botocore.exceptions import ClientError, EndpointConnectionError  # type: ignore[import-untyped]
 
-    from tasks.retry import TransferIncomplete, is_transient
+    from conveyor.ingest.retry import TransferIncomplete, is_transient
 
     def http(status: int) -> aiohttp.ClientResponseError:
         return aiohttp.ClientResponseError(None, (), status=status)  # type: ignore[arg-type]

@@ -12,7 +12,9 @@ import pytest
 from distributed import Client
 from stagebench import REPO, StageBench
 
-from tasks import ingest, preprocess, synthetic
+from conveyor.ingest import fetch as ingest
+from conveyor.ingest import synthetic
+from tasks import preprocess
 
 T = TypeVar("T")
 
@@ -98,7 +100,7 @@ def test_scale_params_drive_ingest_under_their_own_key(bench: StageBench) -> Non
 
 
 def test_scale_spec_is_the_reference_pipeline_on_synthetic_data() -> None:
-    from flows.project import load_project
+    from conveyor.spec.project import load_project
 
     scale, reference = (load_project(REPO / "configs" / name) for name in ("scale.yaml", "pipeline.yaml"))
 

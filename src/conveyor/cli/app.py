@@ -17,9 +17,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flows import dag
-from flows.errors import ConveyorError, UsageError
-from flows.project import Project, load_project, resolve_spec
+from conveyor.errors import ConveyorError, UsageError
+from conveyor.plan import dag
+from conveyor.spec.project import Project, load_project, resolve_spec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow.")
@@ -44,7 +44,7 @@ def _project(config: Path | None) -> Project:
 def _check_stages(project: Project, stages: list[str]) -> None:
     unknown = [s for s in stages if s not in project.pipeline.stages]
     if unknown:
-        from flows.spec import did_you_mean
+        from conveyor.spec.models import did_you_mean
 
         hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
         raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
@@ -74,14 +74,14 @@ def run(
     targets = stages or []
     _check_stages(project, targets)
     overrides = _overrides(profile or [])
-    from flows.profiles import Profiles
+    from conveyor.run.profiles import Profiles
 
     Profiles(project.pipeline.profiles, overrides)  # unknown profile names: exit 2 before any work
     selected = dag.select(project.graph, targets, downstream=downstream)
     if dry_run:
-        from flows.dvc import open_record
-        from flows.fingerprint import plan
-        from flows.view import status_table
+        from conveyor.cli.view import status_table
+        from conveyor.dvc.compile import open_record
+        from conveyor.plan.fingerprint import plan
 
         out.print(status_table(plan(project, selected, open_record(project), force=force)))
         return
@@ -89,8 +89,8 @@ def run(
     # A failed stage's traceback stays in Prefect's logs; the summary shows the task's own frames.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.pipeline import RunOptions, resume_command, run_pipeline
-    from flows.view import summary
+    from conveyor.cli.view import summary
+    from conveyor.prefect.flow import RunOptions, resume_command, run_pipeline
 
     record = run_pipeline(project.spec_path, RunOptions(tuple(targets), downstream, force, overrides))
     err.print(summary(record, resume_command(project, record)))
@@ -110,9 +110,9 @@ def validate(config: SpecOption = None) -> None:
 @app.command()
 def status(config: SpecOption = None) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
-    from flows.dvc import open_record
-    from flows.fingerprint import plan
-    from flows.view import status_table
+    from conveyor.cli.view import status_table
+    from conveyor.dvc.compile import open_record
+    from conveyor.plan.fingerprint import plan
 
     project = _project(config)
     out.print(status_table(plan(project, set(project.order), open_record(project))))
@@ -130,7 +130,7 @@ def show_dag(
     fmt: Annotated[DagFormat, typer.Option("--format", help="text, mermaid or dot.")] = DagFormat.text,
 ) -> None:
     """Print the DAG."""
-    from flows.render import render_dag
+    from conveyor.cli.render import render_dag
 
     project = _project(config)
     out.print(render_dag(project, fmt.value), highlight=False, markup=False)
@@ -142,7 +142,7 @@ def compile_dvc(
     check: Annotated[bool, typer.Option("--check", help="Exit 1 with a diff if dvc.yaml drifted.")] = False,
 ) -> None:
     """Write dvc.yaml from the spec, so `dvc repro` runs the same pipeline."""
-    from flows.dvc import drift, dvc_yaml, render
+    from conveyor.dvc.compile import drift, dvc_yaml, render
 
     project = _project(config)
     if check:
@@ -163,7 +163,7 @@ def compile_dvc(
 @app.command("exec")
 def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], config: SpecOption = None) -> None:
     """Run exactly one stage in this process, with its profile (what dvc.yaml calls)."""
-    from flows.stage import run_one
+    from conveyor.run.stage import run_one
 
     project = _project(config)
     _check_stages(project, [stage])
@@ -173,8 +173,8 @@ def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], 
 @app.command()
 def deploy() -> None:
     """Register the prefect.yaml deployments (pipeline, retrain); create their process work pool if missing."""
-    from flows.deploy import deploy_all
-    from flows.project import find_root
+    from conveyor.prefect.deploy import deploy_all
+    from conveyor.spec.project import find_root
 
     deploy_all(find_root(Path.cwd()))
 
@@ -184,8 +184,8 @@ def serve(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once (they share the workspace).")] = 1,
 ) -> None:
     """Serve the prefect.yaml deployments from this process (Prefect serve) until Ctrl-C; no work pool needed."""
-    from flows.deploy import serve_all
-    from flows.project import find_root
+    from conveyor.prefect.deploy import serve_all
+    from conveyor.spec.project import find_root
 
     serve_all(find_root(Path.cwd()), limit=limit)
 

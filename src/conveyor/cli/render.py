@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.project import Project
+from conveyor.spec.project import Project
 
 
 def _label(project: Project, stage: str) -> str:

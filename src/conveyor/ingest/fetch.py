@@ -9,7 +9,7 @@ Sources (``ingest.sources``) are fsspec URLs or globs (``file://``, ``http(s)://
 - ``files``: each file is streamed into a hidden temporary file, checked against the size
   and md5 its source gives (``md5:`` in params, an S3 ETag, Content-MD5), then parsed
   into parts of ``rows_per_part`` rows. For many files, and wherever checksums matter.
-- ``{kind: synthetic, ...}``: HIGGS-shaped shards generated in parallel (:mod:`tasks.synthetic`).
+- ``{kind: synthetic, ...}``: HIGGS-shaped shards generated in parallel (:mod:`conveyor.ingest.synthetic`).
 
 Transient failures (5xx, timeouts, dropped connections, damaged transfers) are retried
 with exponential backoff (``ingest.retry``); permanent ones (404, 403, a bad CSV) fail at
@@ -31,16 +31,16 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tasks.ingest_params import CsvOptions, IngestParams, UrlSource
-from tasks.parts import part_path, temporary, write_atomically
-from tasks.retry import Cancelled, GaveUp, call_with_retries, describe
-from tasks.sources import RemoteFile, data_start, download, expand_template, list_files, read_range
-from tasks.synthetic import SyntheticSource, write_shard
+from conveyor.ingest.params import CsvOptions, IngestParams, UrlSource
+from conveyor.ingest.parts import part_path, temporary, write_atomically
+from conveyor.ingest.retry import Cancelled, GaveUp, call_with_retries, describe
+from conveyor.ingest.sources import RemoteFile, data_start, download, expand_template, list_files, read_range
+from conveyor.ingest.synthetic import SyntheticSource, write_shard
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from flows.context import StageContext, StageProgress
+    from conveyor.run.context import StageContext, StageProgress
 
 __all__ = ["SourceError", "expand_template", "fetch"]
 

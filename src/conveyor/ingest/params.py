@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.retry import RetryPolicy
-from tasks.sources import Access
-from tasks.synthetic import SyntheticSource
+from conveyor.ingest.retry import RetryPolicy
+from conveyor.ingest.sources import Access
+from conveyor.ingest.synthetic import SyntheticSource
 
 MODES = ("blocks", "files")
 KEYS = frozenset({"sources", "format", "columns", "dtype", "skip_rows", "block_size", "mode", "rows_per_part",

@@ -5,7 +5,7 @@ protocol; globs allowed) becomes :class:`RemoteFile` entries, each with what the
 says about it: its size (Content-Length, S3 ``Size``) and, where one exists, an md5 to
 check the bytes against (``md5:`` in params; the ETag of a single-part S3 object; an
 HTTP ``Content-MD5``). Storage options come from params, keyed by protocol, so one
-ingest can read from several stores. Retries are the caller's business (:mod:`tasks.retry`).
+ingest can read from several stores. Retries are the caller's business (:mod:`conveyor.ingest.retry`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.retry import Cancelled, TransferIncomplete
+from conveyor.ingest.retry import Cancelled, TransferIncomplete
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.parts import write_atomically
+from conveyor.ingest.parts import write_atomically
 
 if TYPE_CHECKING:
     import numpy as np

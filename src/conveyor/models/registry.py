@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from flows.errors import RegistryError
-from flows.spec import did_you_mean
+from conveyor.errors import RegistryError
+from conveyor.spec.models import did_you_mean
 
 Direction = Literal["max", "min"]
 Status = Literal["promoted", "rejected", "failed"]

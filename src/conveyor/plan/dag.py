@@ -1,6 +1,6 @@
 """The pipeline as a graph: edges, cycles, order, selection, and the scheduling state.
 
-Pure functions over :class:`flows.spec.Pipeline`; no I/O, no clusters. Edges come from
+Pure functions over :class:`conveyor.spec.models.Pipeline`; no I/O, no clusters. Edges come from
 ``needs`` and from data: stage A feeds stage B when an out of A is, contains, or lies
 inside a dep of B (the way DVC links stages).
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from flows.spec import Pipeline, Stage
+from conveyor.spec.models import Pipeline, Stage
 
 Graph = Mapping[str, frozenset[str]]  # stage -> the stages it waits for
 

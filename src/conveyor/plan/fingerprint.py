@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from flows.project import Project
+from conveyor.spec.project import Project
 
 CHUNK = 1 << 20
 

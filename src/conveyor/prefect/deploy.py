@@ -1,7 +1,7 @@
 """Deployments of conveyor's flows, and the retraining flow with champion/challenger promotion.
 
 ``prefect.yaml`` at the project root declares two deployments on a ``process`` work pool:
-``pipeline`` (ad-hoc runs of :func:`flows.pipeline.pipeline_flow`) and ``retrain``
+``pipeline`` (ad-hoc runs of :func:`conveyor.prefect.flow.pipeline_flow`) and ``retrain``
 (:func:`retrain_flow` on a cron schedule). ``conveyor deploy`` creates the pool when it is
 missing and registers both with ``prefect deploy --all``; ``conveyor serve`` serves the
 same two from one long-lived process (Prefect's ``serve``). Both check every deployment's
@@ -9,7 +9,7 @@ parameters first, so a bad one is refused before anything is registered or runs.
 
 Retraining: the pipeline runs with its ingest stages forced (new data, versioned by DVC
 through dvc.lock) and everything else rerun only if it changed; then the challenger's
-metric is compared with the champion's in the model registry (:mod:`flows.registry`).
+metric is compared with the champion's in the model registry (:mod:`conveyor.models.registry`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from pydantic import Field
 
-from flows import registry as reg
-from flows.dag import overlaps
-from flows.errors import ConveyorError, DeployError, UsageError
-from flows.fingerprint import Hasher, LockRecord
-from flows.pipeline import RunOptions, check_options, pipeline_flow, run_in_flow
-from flows.project import Project, load_project, resolve_spec
-from flows.record import RunRecord, now
-from flows.registry import Candidate, Direction, MetricRef, PromotionRule
+from conveyor.errors import ConveyorError, DeployError, UsageError
+from conveyor.models import registry as reg
+from conveyor.models.registry import Candidate, Direction, MetricRef, PromotionRule
+from conveyor.plan.dag import overlaps
+from conveyor.plan.fingerprint import Hasher, LockRecord
+from conveyor.prefect.flow import RunOptions, check_options, pipeline_flow, run_in_flow
+from conveyor.run.record import RunRecord, now
+from conveyor.spec.project import Project, load_project, resolve_spec
 
 PREFECT_FILE = "prefect.yaml"
 PROMOTION_ARTIFACT = "conveyor-promotion"
@@ -173,7 +173,7 @@ def _challenger(project: Project, plan: RetrainPlan, run: RunRecord, champion: C
 
 def locked_outs(project: Project) -> dict[str, str]:
     """md5 of every out at its last success: from dvc.lock under DVC, else conveyor's own lock."""
-    from flows.dvc import compiled_from
+    from conveyor.dvc.compile import compiled_from
 
     if compiled_from(project):
         data = yaml.safe_load((project.root / "dvc.lock").read_text(encoding="utf-8")) \

@@ -1,6 +1,6 @@
 """The pipeline as a Prefect flow: one Prefect task per stage, submitted when its upstream succeeded.
 
-The scheduling loop lives here once: :class:`flows.dag.Schedule` says which stages may
+The scheduling loop lives here once: :class:`conveyor.plan.dag.Schedule` says which stages may
 start, each becomes a Prefect task on the flow's thread-pool task runner, and a finished
 future is an event that may release its dependents. Independent branches therefore run
 at the same time; a failure stops only what depends on it.
@@ -23,17 +23,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
-from flows import dag
-from flows.dag import Outcome, Schedule
-from flows.dvc import open_record
-from flows.errors import UsageError
-from flows.fingerprint import Record
-from flows.outputs import run_lock
-from flows.profiles import Profiles
-from flows.project import Project, load_project, resolve_spec
-from flows.record import RunRecord, StageRecord, new_run_id, now
-from flows.stage import StageRunner, short_error
-from flows.view import RunView
+from conveyor.cli.view import RunView
+from conveyor.dvc.compile import open_record
+from conveyor.errors import UsageError
+from conveyor.plan import dag
+from conveyor.plan.dag import Outcome, Schedule
+from conveyor.plan.fingerprint import Record
+from conveyor.run.outs import run_lock
+from conveyor.run.profiles import Profiles
+from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.stage import StageRunner, short_error
+from conveyor.spec.project import Project, load_project, resolve_spec
 
 log = logging.getLogger("conveyor")
 
@@ -68,7 +68,7 @@ class ForcedRecord:
 
 def check_options(project: Project, options: RunOptions) -> None:
     """Unknown stages or profiles in ``options``: a UsageError before anything runs."""
-    from flows.spec import did_you_mean
+    from conveyor.spec.models import did_you_mean
 
     unknown = [s for s in (*options.stages, *options.forced) if s not in project.pipeline.stages]
     if unknown:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from flows.errors import MissingOutputError
+from conveyor.errors import MissingOutputError
 
 TMP_MARK = ".conveyor-tmp-"
 
@@ -82,7 +82,7 @@ def run_lock(root: Path) -> Iterator[None]:
     """Hold the project's run lock; a second concurrent run fails at once with a clear message."""
     import fcntl
 
-    from flows.errors import RunLockedError
+    from conveyor.errors import RunLockedError
 
     path = root / ".conveyor" / "run.lock"
     path.parent.mkdir(parents=True, exist_ok=True)

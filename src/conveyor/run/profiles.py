@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from flows.errors import ProfileError, UsageError
-from flows.spec import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
+from conveyor.errors import ProfileError, UsageError
+from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows import dag
-from flows.dag import Outcome
+from conveyor.plan import dag
+from conveyor.plan.dag import Outcome
 
 
 def now() -> datetime:

@@ -15,14 +15,14 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
-from flows.context import StageContext, StageProgress
-from flows.dag import Outcome
-from flows.errors import StageError
-from flows.fingerprint import Record
-from flows.outputs import staged_outs
-from flows.profiles import Profiles, Resources
-from flows.project import Project, ensure_importable
-from flows.record import RunRecord, now
+from conveyor.errors import StageError
+from conveyor.plan.dag import Outcome
+from conveyor.plan.fingerprint import Record
+from conveyor.run.context import StageContext, StageProgress
+from conveyor.run.outs import staged_outs
+from conveyor.run.profiles import Profiles, Resources
+from conveyor.run.record import RunRecord, now
+from conveyor.spec.project import Project, ensure_importable
 
 
 class StageEvents(Protocol):
@@ -163,9 +163,9 @@ def run_one(project: Project, stage: str) -> None:
     Always runs. Under DVC (the spec dvc.yaml is compiled from) DVC decided it is due and
     records it itself; for any other spec conveyor's own record is updated.
     """
-    from flows.dvc import compiled_from
-    from flows.fingerprint import FingerprintRecord
-    from flows.record import RunRecord, StageRecord
+    from conveyor.dvc.compile import compiled_from
+    from conveyor.plan.fingerprint import FingerprintRecord
+    from conveyor.run.record import RunRecord, StageRecord
 
     run = RunRecord(run_id="exec", pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
     record = None if compiled_from(project) else FingerprintRecord(project)

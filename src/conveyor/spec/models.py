@@ -1,8 +1,8 @@
 """The pipeline spec of SPEC.md section 2, as frozen pydantic models.
 
 Pure data: parsing and structural validation only. Cross-references (profiles, needs,
-params keys, tasks, paths) are checked in :mod:`flows.project`, the graph in
-:mod:`flows.dag`. Nothing here imports Prefect, Dask or DVC.
+params keys, tasks, paths) are checked in :mod:`conveyor.spec.project`, the graph in
+:mod:`conveyor.plan.dag`. Nothing here imports Prefect, Dask or DVC.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from flows.errors import SpecError, SpecIssue
-from flows.yamlmap import LoadedYaml
+from conveyor.errors import SpecError, SpecIssue
+from conveyor.spec.yamlmap import LoadedYaml
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)

@@ -21,10 +21,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from flows import dag
-from flows.errors import SpecError, SpecIssue, UsageError
-from flows.spec import Pipeline, Stage, did_you_mean, parse_pipeline
-from flows.yamlmap import Key, LoadedYaml, load_yaml
+from conveyor.errors import SpecError, SpecIssue, UsageError
+from conveyor.plan import dag
+from conveyor.spec.models import Pipeline, Stage, did_you_mean, parse_pipeline
+from conveyor.spec.yamlmap import Key, LoadedYaml, load_yaml
 
 DEFAULT_SPEC = Path("configs/pipeline.yaml")
 ROOT_MARKERS = ("pyproject.toml", "dvc.yaml")

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     import torch
     from distributed import Client, Future
 
-    from flows.context import StageProgress
+    from conveyor.run.context import StageProgress
 
 _STOP_GRACE_S = 60.0  # how long stopped ranks get to end before the task gives up on them
 

@@ -1,0 +1,1 @@
+"""Trained models: the champion/challenger registry."""

@@ -1,0 +1,1 @@
+"""The Prefect door: the flow that wraps the scheduling loop, deployments, retraining."""

@@ -1,0 +1,1 @@
+"""Running stages: the scheduling state, the stage runner, atomic outs, profiles, commands."""
