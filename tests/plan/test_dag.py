@@ -1,4 +1,4 @@
-"""The planner on tiny hand-drawn DAGs: edges, cycles, order, selection, scheduling.
+"""The planner on tiny hand-drawn DAGs: edges, cycles, order, selection, the critical path.
 
 Arrows point the way data flows: ``a ──► b`` means b waits for a. Pipelines are built
 with ``Pipeline.model_validate``; no files, no clusters.
@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from conveyor.plan import dag
-from conveyor.plan.dag import Outcome, Schedule
 from conveyor.spec.models import Pipeline
 
 
@@ -221,117 +220,6 @@ def test_select_downstream_takes_the_targets_and_what_follows() -> None:
     assert dag.select(CHAIN, ["xgb"], downstream=True) == {"xgb", "stack"}
     assert dag.select(CHAIN, ["prepare"], downstream=True) == {"prepare", "xgb", "mlp", "stack"}
     assert dag.select(CHAIN, ["xgb", "other"], downstream=True) == {"xgb", "stack", "other"}
-
-
-# --- the schedule -----------------------------------------------------------------------
-
-TREE = g(a="", b="a", c="a", d="b")
-"""
-a ──► b ──► d
-└───► c
-"""
-
-
-def test_schedule_runs_each_stage_once_its_upstream_succeeded() -> None:
-    schedule = Schedule(TREE, set(TREE))
-    assert schedule.ready() == ["a"]
-    assert schedule.ready() == []  # already started
-    assert schedule.running == {"a"}
-    assert schedule.finish("a", Outcome.SUCCEEDED) == []
-    assert schedule.ready() == ["b", "c"]
-    schedule.finish("c", Outcome.SUCCEEDED)
-    assert schedule.ready() == []
-    schedule.finish("b", Outcome.SUCCEEDED)
-    assert schedule.ready() == ["d"]
-    assert set(schedule.order) - set(schedule.outcomes) == {"d"}
-    schedule.finish("d", Outcome.SUCCEEDED)
-    assert schedule.finished and schedule.running == set()
-
-
-def test_a_failure_stops_exactly_its_downstream_and_the_other_branch_goes_on() -> None:
-    """
-    a ──► b ──► d        b fails while c runs: d is not run, c finishes
-    └───► c
-    """
-    schedule = Schedule(TREE, set(TREE))
-    schedule.ready()
-    schedule.finish("a", Outcome.SUCCEEDED)
-    assert schedule.ready() == ["b", "c"]
-    assert schedule.finish("b", Outcome.FAILED) == ["d"]
-    assert schedule.outcomes == {"a": Outcome.SUCCEEDED, "b": Outcome.FAILED, "d": Outcome.NOT_RUN}
-    assert schedule.running == {"c"}
-    assert schedule.ready() == []
-    assert not schedule.finished
-    schedule.finish("c", Outcome.SUCCEEDED)
-    assert schedule.finished
-
-
-def test_a_failure_leaves_an_independent_branch_runnable() -> None:
-    """
-    a ──► b ──► d        a fails: b, c, d not run; x ──► y still run
-    └───► c ──┘
-    x ──► y
-    """
-    graph = g(a="", b="a", c="a", d="b c", x="", y="x")
-    schedule = Schedule(graph, set(graph))
-    assert schedule.ready() == ["a", "x"]
-    assert schedule.finish("a", Outcome.FAILED) == ["b", "c", "d"]
-    schedule.finish("x", Outcome.SUCCEEDED)
-    assert schedule.ready() == ["y"]
-    schedule.finish("y", Outcome.SUCCEEDED)
-    assert schedule.finished
-    assert {n for n, o in schedule.outcomes.items() if o is Outcome.NOT_RUN} == {"b", "c", "d"}
-
-
-def test_a_join_waits_for_every_branch_and_is_lost_when_one_fails() -> None:
-    """
-    a ──► b ──► d        c fails after b succeeded: d is not run
-    └───► c ──┘
-    """
-    graph = g(a="", b="a", c="a", d="b c")
-    schedule = Schedule(graph, set(graph))
-    schedule.ready()
-    schedule.finish("a", Outcome.SUCCEEDED)
-    schedule.ready()
-    schedule.finish("b", Outcome.SUCCEEDED)
-    assert schedule.ready() == []
-    assert schedule.finish("c", Outcome.FAILED) == ["d"]
-    assert schedule.finished
-
-
-def test_skipped_counts_as_success() -> None:
-    """
-    a ──► b ──► d        a and b are up to date
-    └───► c
-    """
-    schedule = Schedule(TREE, set(TREE))
-    schedule.ready()
-    assert schedule.finish("a", Outcome.SKIPPED) == []
-    assert schedule.ready() == ["b", "c"]
-    schedule.finish("b", Outcome.SKIPPED)
-    assert schedule.ready() == ["d"]
-
-
-def test_stages_outside_the_selection_count_as_satisfied() -> None:
-    """
-    (a) ──► b ──► d        only b and d are selected: b is ready at once
-    (a) ──► (c)
-    """
-    schedule = Schedule(TREE, {"b", "d"})
-    assert schedule.order == ["b", "d"]
-    assert schedule.ready() == ["b"]
-    schedule.finish("b", Outcome.SUCCEEDED)
-    assert schedule.ready() == ["d"]
-    schedule.finish("d", Outcome.SUCCEEDED)
-    assert schedule.finished
-
-
-def test_schedule_keeps_the_given_order() -> None:
-    """
-    a    b    c        given order c, b, a
-    """
-    graph = g(a="", b="", c="")
-    assert Schedule(graph, set(graph), order=["c", "b", "a"]).ready() == ["c", "b", "a"]
 
 
 # --- critical path ----------------------------------------------------------------------

@@ -79,8 +79,9 @@ def run(
     Profiles(project.pipeline.profiles, overrides)  # unknown profile names: exit 2 before any work
     selected = dag.select(project.graph, targets, downstream=downstream)
     if dry_run:
+        _recover_outs(project)
         from conveyor.cli.view import status_table
-        from conveyor.dvc.compile import open_record
+        from conveyor.dvc.record import open_record
         from conveyor.plan.fingerprint import plan
 
         out.print(status_table(plan(project, selected, open_record(project), force=force)))
@@ -111,11 +112,20 @@ def validate(config: SpecOption = None) -> None:
 def status(config: SpecOption = None) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
     from conveyor.cli.view import status_table
-    from conveyor.dvc.compile import open_record
+    from conveyor.dvc.record import open_record
     from conveyor.plan.fingerprint import plan
 
     project = _project(config)
+    _recover_outs(project)
     out.print(status_table(plan(project, set(project.order), open_record(project))))
+
+
+def _recover_outs(project: Project) -> None:
+    """Put back the previous outs of stages whose run was killed (kill -9 leaves them to us)."""
+    from conveyor.run.journal import RECOVERED, Journal
+
+    for stage in Journal(project.root).recover():
+        err.print(RECOVERED.format(stage=stage), style="yellow", highlight=False)
 
 
 class DagFormat(StrEnum):

@@ -17,9 +17,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from conveyor.plan.dag import Outcome
 from conveyor.run.context import StageProgress
 from conveyor.run.record import RunRecord
+from conveyor.run.schedule import Outcome
 
 STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
          "failed": "bold red", "not_run": "yellow"}

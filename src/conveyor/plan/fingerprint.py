@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import yaml
 
 from conveyor.spec.project import Project
+from conveyor.workspace import state_dir
 
 CHUNK = 1 << 20
 
@@ -84,13 +85,16 @@ class Hasher:
 class StageState:
     """What a stage's fingerprint is made of, now or at its last success."""
 
-    cmd: str
+    cmd: str | list[str]
     deps: tuple[Entry, ...]
     params: Mapping[str, Any]
     outs: tuple[Entry, ...]
+    wdir: str | None = None
 
     def to_lock(self, params_file: str) -> dict[str, Any]:
         body: dict[str, Any] = {"cmd": self.cmd}
+        if self.wdir:
+            body["wdir"] = self.wdir
         if self.deps:
             body["deps"] = [e.to_lock() for e in self.deps]
         if self.params:
@@ -100,8 +104,17 @@ class StageState:
         return body
 
 
-def stage_cmd(stage: str, project: Project) -> str:
-    """The command that runs one stage, as it appears in dvc.yaml and the record."""
+def stage_cmd(stage: str, project: Project) -> str | list[str]:
+    """The command that runs one stage, as the record keeps it: a cmd stage's own command(s),
+    ``${...}`` replaced; for a task, the ``conveyor exec`` that dvc.yaml calls."""
+    spec = project.pipeline.stages[stage]
+    if spec.cmd is not None:
+        return spec.cmd if isinstance(spec.cmd, str) else list(spec.cmd)
+    return exec_cmd(stage, project)
+
+
+def exec_cmd(stage: str, project: Project) -> str:
+    """``conveyor exec STAGE [-c SPEC]``: how ``dvc repro`` runs a task stage."""
     default = project.root / "configs" / "pipeline.yaml"
     spec = "" if project.spec_path == default else f" -c {project.rel(project.spec_path)}"
     return f"conveyor exec {stage}{spec}"
@@ -119,7 +132,7 @@ def current_state(project: Project, stage: str, hasher: Hasher) -> StageState:
     dep_paths = list(dict.fromkeys([*spec.deps, *code_paths(project, stage)]))
     deps = tuple(e for p in dep_paths if (e := _entry(project.root, p, hasher)) is not None)
     outs = tuple(e for p in spec.written if (e := hasher.entry(project.root, p)) is not None)
-    return StageState(stage_cmd(stage, project), deps, project.stage_params(stage), outs)
+    return StageState(stage_cmd(stage, project), deps, project.stage_params(stage), outs, spec.wdir)
 
 
 def _entry(root: Path, path: str, hasher: Hasher) -> Entry | None:
@@ -156,6 +169,8 @@ def stale_reasons(project: Project, stage: str, state: StageState,
             reasons.append(f"out changed: {path}")
     if recorded.get("cmd") != state.cmd:
         reasons.append("command changed")
+    if recorded.get("wdir") != state.wdir:
+        reasons.append("wdir changed")
     return reasons
 
 
@@ -180,7 +195,7 @@ class LockRecord:
     @classmethod
     def for_project(cls, project: Project) -> LockRecord:
         rel = project.rel(project.spec_path).replace("/", "__")
-        return cls(project.root / ".conveyor" / "locks" / f"{rel}.lock")
+        return cls(state_dir(project.root) / "locks" / f"{rel}.lock")
 
     def stages(self) -> dict[str, Any]:
         if not self.path.exists():

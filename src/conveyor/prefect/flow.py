@@ -24,16 +24,17 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
 from conveyor.cli.view import RunView
-from conveyor.dvc.compile import open_record
+from conveyor.dvc.record import open_record
 from conveyor.errors import UsageError
 from conveyor.plan import dag
-from conveyor.plan.dag import Outcome, Schedule
 from conveyor.plan.fingerprint import Record
-from conveyor.run.outs import run_lock
+from conveyor.run.journal import RECOVERED, Journal
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.stage import StageRunner, short_error
 from conveyor.spec.project import Project, load_project, resolve_spec
+from conveyor.workspace import run_lock
 
 log = logging.getLogger("conveyor")
 
@@ -96,12 +97,16 @@ def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord
             Profiles(project.pipeline.profiles, options.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
             view.console.print(f"[bold yellow]WARNING[/] {warning}")
+        for stage in Journal(project.root).recover():
+            view.console.print(RECOVERED.format(stage=stage), style="yellow", highlight=False)
         runner = StageRunner(project, profiles, options.force, run, view, record)
 
         def submit(stage: str) -> None:
             spec = project.pipeline.stages[stage]
             prefect_task = task(name=stage, task_run_name=stage, retries=spec.retries,
-                                retry_delay_seconds=spec.retry_delay_s, timeout_seconds=spec.timeout_s,
+                                retry_delay_seconds=spec.retry_delay_s,
+                                # a command enforces its own timeout: it kills its process group
+                                timeout_seconds=spec.timeout_s if spec.task else None,
                                 cache_policy=NO_CACHE, persist_result=False)(_stage_task)
             began[stage] = time.monotonic()
             futures[stage] = prefect_task.submit(stage, runner)

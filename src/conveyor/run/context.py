@@ -58,10 +58,12 @@ class StageProgress:
 class StageContext:
     """Everything a task may use; the runner builds one per attempt.
 
-    ``outs`` and ``metrics`` point at temporary siblings of the declared paths: the
-    runner renames them into place only after the task returned, so a failed or killed
-    stage leaves the previous outputs intact. Use :meth:`out` and :meth:`dep` to go from
-    a declared (project-relative) path to the path to use.
+    ``deps``, ``outs`` and ``metrics`` map each declared path to the absolute path to read
+    or write: the declared place itself. The runner moved the previous outs aside before
+    the task started and puts them back if it fails, so a task writes in place, as any
+    script under ``dvc repro`` does. A task finds its paths by name (the spec's
+    ``deps: {model: models/xgb.json}``), by the declared path, or, where a stage declares
+    one of a kind, with no argument: ``ctx.dep()``, ``ctx.out()``, ``ctx.metric()``.
     """
 
     stage: str
@@ -71,6 +73,8 @@ class StageContext:
     metrics: Mapping[str, Path]
     root: Path
     log: logging.Logger
+    names: Mapping[str, str] = field(default_factory=dict)  # name -> declared path, for deps, outs, metrics
+    item: Any = None  # the matrix item of this stage, if it has one
     client: Client | None = None
     executor: Executor | None = None
     n_workers: int = 1
@@ -93,21 +97,31 @@ class StageContext:
         """The value of :meth:`section_key` (``ctx.section("train.xgb")``)."""
         return self.params[self.section_key(name)]
 
-    def dep(self, declared: str) -> Path:
-        """The absolute path of a declared dep (``"data/processed"``)."""
-        return self._lookup(self.deps, declared, "deps")
+    def dep(self, name: str | None = None) -> Path:
+        """A dep's path: by its name or declared path; with no argument, the stage's only dep."""
+        return self._lookup(self.deps, name, "deps")
 
-    def out(self, declared: str) -> Path:
-        """Where to write a declared out or metric (a temporary sibling of it)."""
-        if declared in self.metrics:
-            return self.metrics[declared]
-        return self._lookup(self.outs, declared, "outs")
+    def out(self, name: str | None = None) -> Path:
+        """Where to write an out (or a metrics file, by name or path); no argument: the only out."""
+        if name is not None and self.names.get(name, name) in self.metrics:
+            return self.metrics[self.names.get(name, name)]
+        return self._lookup(self.outs, name, "outs")
 
-    def _lookup(self, paths: Mapping[str, Path], declared: str, kind: str) -> Path:
-        try:
+    def metric(self, name: str | None = None) -> Path:
+        """Where to write a metrics file: by name or path; no argument: the stage's only one."""
+        return self._lookup(self.metrics, name, "metrics")
+
+    def _lookup(self, paths: Mapping[str, Path], name: str | None, kind: str) -> Path:
+        if name is None:
+            if len(paths) == 1:
+                return next(iter(paths.values()))
+            raise KeyError(f"stage '{self.stage}' declares {len(paths)} {kind}: name the one you mean "
+                           f"({self._listing(paths)})")
+        declared = self.names.get(name, name)
+        if declared in paths:
             return paths[declared]
-        except KeyError:
-            known = ", ".join(paths) or "none"
-            raise KeyError(
-                f"stage '{self.stage}' has no {kind} entry '{declared}' (declared: {known})"
-            ) from None
+        raise KeyError(f"stage '{self.stage}' has no {kind} entry '{name}' (declared: {self._listing(paths)})")
+
+    def _listing(self, paths: Mapping[str, Path]) -> str:
+        named = {path: name for name, path in self.names.items()}
+        return ", ".join(f"{named[p]}: {p}" if p in named else p for p in paths) or "none"

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.plan import dag
-from conveyor.plan.dag import Outcome
+from conveyor.run.schedule import Outcome
+from conveyor.workspace import STATE_DIR, state_dir
 
 
 def now() -> datetime:
@@ -90,7 +91,7 @@ class RunRecord:
 
     def write(self, root: Path) -> Path:
         """Write this record and point latest.json at it; both writes are atomic."""
-        folder = root / ".conveyor" / "runs"
+        folder = state_dir(root) / "runs"
         folder.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=2)
         path = folder / f"{self.run_id}.json"
@@ -102,7 +103,7 @@ class RunRecord:
 
 
 def read_latest(root: Path) -> RunRecord | None:
-    path = root / ".conveyor" / "runs" / "latest.json"
+    path = root / STATE_DIR / "runs" / "latest.json"
     if not path.exists():
         return None
     return RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))

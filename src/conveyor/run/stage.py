@@ -1,6 +1,9 @@
-"""Running one stage: the skip check, its StageContext, atomic outs, the record update.
+"""Running one stage: the skip check, its outs journal, a task or a command, the record update.
 
 Prefect-free, so ``conveyor exec`` (what ``dvc repro`` calls) and the Prefect flow share it.
+One mechanism for both kinds of stage: the journal (:mod:`conveyor.run.journal`) moves
+the previous outs aside, the task or command writes in place, and the outs are checked
+and recorded before the journal lets go of the previous ones.
 """
 
 from __future__ import annotations
@@ -8,20 +11,23 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor.errors import StageError
-from conveyor.plan.dag import Outcome
+from conveyor.errors import MissingOutputError, StageError
 from conveyor.plan.fingerprint import Record
+from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
-from conveyor.run.outs import staged_outs
+from conveyor.run.journal import RECOVERED, Journal
+from conveyor.run.logs import StageLog, log_path
 from conveyor.run.profiles import Profiles, Resources
-from conveyor.run.record import RunRecord, now
+from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project, ensure_importable
 
 
@@ -43,14 +49,24 @@ def load_task(project: Project, stage: str) -> Callable[[StageContext], None]:
     return fn  # type: ignore[no-any-return]
 
 
+def check_outs(root: Path, stage: str, declared: Sequence[str]) -> None:
+    """Every declared out was written; else an error naming each missing one and where it was expected."""
+    missing = [rel for rel in declared if not (root / rel).exists() and not (root / rel).is_symlink()]
+    if missing:
+        listed = "; ".join(f"'{rel}' (expected at {root / rel})" for rel in missing)
+        raise MissingOutputError(stage, f"did not write the declared out {listed}")
+
+
 class StageRunner:
-    """Runs one attempt of one stage: skip check, context, atomic outs, record update."""
+    """Runs one attempt of one stage: skip check, outs journal, the task or command, record update."""
 
     def __init__(self, project: Project, profiles: Profiles, force: bool, run: RunRecord,
-                 view: StageEvents, record: Record | None) -> None:
-        """``record`` None: run without recording (``dvc repro`` records the stage itself)."""
+                 view: StageEvents, record: Record | None, echo: Sink | None = None) -> None:
+        """``record`` None: run without recording (``dvc repro`` records the stage itself).
+        ``echo``: also hand every line a command writes to this sink (``conveyor exec``)."""
         self.project, self.profiles, self.force, self.run, self.view = project, profiles, force, run, view
-        self.record = record
+        self.record, self.echo = record, echo
+        self.journal = Journal(project.root)
         self._mutex = threading.Lock()
         self._threads: dict[str, int] = {}
 
@@ -72,7 +88,7 @@ class StageRunner:
         self.view.started(stage, record.profile, progress)
         self._threads[stage] = threading.get_ident()
         try:
-            self._attempt(stage, resources, progress)
+            self._attempt(stage, resources, progress, record.attempts)
         except BaseException as exc:
             record.trace = user_frames(exc, self.project.root)
             if record.attempts <= spec.retries:
@@ -86,7 +102,8 @@ class StageRunner:
         """Raise KeyboardInterrupt inside every running stage (Ctrl-C); returns their names.
 
         The exception lands at the stage's next Python instruction, as Prefect's own task
-        timeouts do; a stage blocked inside a C call stops when that call returns.
+        timeouts do; a task blocked inside a C call stops when that call returns. A command
+        stage waits in short steps, so its process group is killed at once.
         """
         stopped = []
         for stage, ident in list(self._threads.items()):
@@ -100,22 +117,52 @@ class StageRunner:
             return ["forced"]
         return self.record.reasons(stage)
 
-    def _attempt(self, stage: str, resources: Resources, progress: StageProgress) -> None:
-        project, spec = self.project, self.project.pipeline.stages[stage]
-        fn = load_task(project, stage)
-        with staged_outs(project.root, stage, list(spec.written)) as staging:
-            ctx = StageContext(
-                stage=stage, params=project.stage_params(stage),
-                deps={d: project.root / d for d in spec.deps},
-                outs={o: staging[o] for o in spec.outs}, metrics={m: staging[m] for m in spec.metrics},
-                root=project.root, log=logging.getLogger(f"prefect.task_runs.{stage}"),
-                client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
-                devices=resources.devices, progress=progress,
-            )
-            with current_client(resources.client) if resources.client is not None else nullcontext():
-                fn(ctx)
-        if self.record is not None:
-            self.record.save(stage)
+    def _attempt(self, stage: str, resources: Resources, progress: StageProgress, attempt: int) -> None:
+        spec = self.project.pipeline.stages[stage]
+        fn = load_task(self.project, stage) if spec.task else None
+        logger = logging.getLogger(f"prefect.task_runs.{stage}")
+        path = log_path(self.project.root, self.run.run_id, stage)
+        with StageLog(path, logger if fn else None, attempt) as log, \
+                self.journal.protect(stage, spec.written, spec.persist):
+            if fn is not None:
+                self._call(fn, stage, resources, progress, logger)
+            else:
+                self._command(stage, resources, progress, log)
+            check_outs(self.project.root, stage, spec.written)
+            if self.record is not None:
+                self.record.save(stage)
+
+    def _call(self, fn: Callable[[StageContext], None], stage: str, resources: Resources,
+              progress: StageProgress, logger: logging.Logger) -> None:
+        root, spec = self.project.root, self.project.pipeline.stages[stage]
+        ctx = StageContext(
+            stage=stage, params=self.project.stage_params(stage),
+            deps={d: root / d for d in spec.deps}, outs={o: root / o for o in spec.outs},
+            metrics={m: root / m for m in spec.metrics}, names=spec.names, root=root, log=logger,
+            client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
+            devices=resources.devices, progress=progress,
+        )
+        with current_client(resources.client) if resources.client is not None else nullcontext():
+            fn(ctx)
+
+    def _command(self, stage: str, resources: Resources, progress: StageProgress, log: StageLog) -> None:
+        spec = self.project.pipeline.stages[stage]
+        command = Command(stage, spec.commands, cwd=str(self.project.root / (spec.wdir or "")),
+                          env={"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id},
+                          timeout_s=spec.timeout_s, own_gpu=bool(resources.devices))
+
+        def sink(stream: str, line: str) -> None:
+            log.line(stream, line)
+            progress.description = line[-160:]  # the live view shows the latest line
+            if self.echo is not None:
+                self.echo(stream, line)
+
+        if resources.client is not None:
+            finished = run_on_worker(resources.client, command, sink)
+        else:
+            finished = run_here(command, sink)
+        if finished.returncode != 0:
+            raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
 
 
 @contextmanager
@@ -157,19 +204,25 @@ class _QuietEvents:
         logging.getLogger("conveyor").warning("%s: attempt %d failed: %s", stage, attempt, error)
 
 
+def _echo(stream: str, line: str) -> None:
+    print(line, file=sys.stdout if stream == "out" else sys.stderr, flush=True)
+
+
 def run_one(project: Project, stage: str) -> None:
     """Run exactly one stage now, in this process, with its profile (``conveyor exec``).
 
     Always runs. Under DVC (the spec dvc.yaml is compiled from) DVC decided it is due and
-    records it itself; for any other spec conveyor's own record is updated.
+    records it itself; for any other spec conveyor's own record is updated. A command's
+    output goes to the terminal as well as to the stage's log.
     """
     from conveyor.dvc.compile import compiled_from
     from conveyor.plan.fingerprint import FingerprintRecord
-    from conveyor.run.record import RunRecord, StageRecord
 
-    run = RunRecord(run_id="exec", pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
+    for recovered in Journal(project.root).recover():
+        logging.getLogger("conveyor").warning(RECOVERED.format(stage=recovered))
+    run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
     record = None if compiled_from(project) else FingerprintRecord(project)
     with Profiles(project.pipeline.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[stage].on}):
             logging.getLogger("conveyor").warning("WARNING %s", warning)
-        StageRunner(project, profiles, True, run, _QuietEvents(), record)(stage)
+        StageRunner(project, profiles, True, run, _QuietEvents(), record, echo=_echo)(stage)

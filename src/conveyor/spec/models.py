@@ -10,10 +10,20 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from conveyor.errors import SpecError, SpecIssue
 from conveyor.spec.yamlmap import LoadedYaml
@@ -115,46 +125,149 @@ Profile = Annotated[
 PROFILE_KINDS = ("threads", "dask", "dask-cuda", "slurm")
 
 
-class Stage(Model):
-    """One step of the pipeline: a task, what it reads and writes, and where it runs."""
+def _normalised(path: str) -> str:
+    """``./data/raw/`` and ``data/raw`` are one path (for edges and duplicate outs)."""
+    return path if "://" in path else posixpath.normpath(path)
 
-    task: str
+
+class Declared(Model):
+    """One path a stage declares: as written (normalised), its name if it has one, and
+    ``persist`` (outs only: left in place while the stage runs, as in DVC)."""
+
+    path: str
+    name: str | None = None
+    persist: bool = False
+
+    _path = field_validator("path")(_normalised)
+
+
+def _declared(value: Any, *, outs: bool) -> Any:
+    """The forms a stage may write its paths in, as :class:`Declared` items.
+
+    A list of paths (``[data/raw]``), where an out may carry DVC's options
+    (``- models/ckpt: {persist: true}``); or a mapping from names to paths
+    (``{data: data/processed, model: models/xgb.json}``), where a task finds each by name.
+    """
+    if isinstance(value, Mapping):
+        return [_named(str(name), body, outs=outs) for name, body in value.items()]
+    if not isinstance(value, list | tuple):
+        return value  # pydantic names the type it expected
+    items: list[Any] = []
+    for item in value:
+        if outs and isinstance(item, Mapping) and len(item) == 1:
+            ((path, options),) = item.items()
+            if options is not None and not isinstance(options, Mapping):
+                raise ValueError(f"'{path}': options of an out are a mapping, e.g. {{persist: true}}")
+            items.append({"path": path, **(options or {})})
+        else:
+            items.append({"path": item} if isinstance(item, str) else item)
+    return items
+
+
+def _named(name: str, body: Any, *, outs: bool) -> Any:
+    if not NAME.match(name):
+        raise ValueError(f"'{name}' is not a name: start with a letter; letters, digits, _ and - only")
+    if isinstance(body, str):
+        return {"path": body, "name": name}
+    if outs and isinstance(body, Mapping):
+        return {**body, "name": name}
+    raise ValueError(f"'{name}' must be a path" + (" or {path: ..., persist: true}" if outs else ""))
+
+
+Deps = Annotated[tuple[Declared, ...], BeforeValidator(partial(_declared, outs=False))]
+Outs = Annotated[tuple[Declared, ...], BeforeValidator(partial(_declared, outs=True))]
+
+
+class Stage(Model):
+    """One step of the pipeline: a task or a command, what it reads and writes, where it runs.
+
+    ``deps``, ``outs`` and ``metrics`` are read as paths (tuples of strings); each may be
+    written as a list or as a mapping of names to paths (:func:`_declared`).
+    """
+
+    task: str | None = None
+    cmd: str | tuple[str, ...] | None = None
+    wdir: str | None = None
     on: str | None = None
     needs: tuple[str, ...] = ()
-    deps: tuple[str, ...] = ()
+    dep_items: Deps = Field(default=(), alias="deps")
     params: tuple[str, ...] = ()
-    outs: tuple[str, ...] = ()
-    metrics: tuple[str, ...] = ()
+    out_items: Outs = Field(default=(), alias="outs")
+    metric_items: Outs = Field(default=(), alias="metrics")
     retries: Annotated[int, Field(ge=0)] = 0
     retry_delay_s: Annotated[float, Field(ge=0)] = 0.0
     timeout_s: Annotated[float, Field(gt=0)] | None = None
     desc: str | None = None
 
-    @field_validator("deps", "outs", "metrics")
-    @classmethod
-    def _normalise(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
-        """``./data/raw/`` and ``data/raw`` are one path (for edges and duplicate outs)."""
-        return tuple(p if "://" in p else posixpath.normpath(p) for p in paths)
-
     @field_validator("task")
     @classmethod
-    def _task_ref(cls, value: str) -> str:
-        if not TASK_REF.match(value):
+    def _task_ref(cls, value: str | None) -> str | None:
+        if value is not None and not TASK_REF.match(value):
             raise ValueError(f"'{value}' is not a task: write it as module:function")
         return value
 
-    @property
-    def module(self) -> str:
-        return self.task.partition(":")[0]
+    @field_validator("cmd")
+    @classmethod
+    def _some_command(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        if value is None:
+            return None
+        commands = (value,) if isinstance(value, str) else value
+        if not commands or not all(c.strip() for c in commands):
+            raise ValueError("an empty command: write the shell command to run")
+        return value
+
+    @model_validator(mode="after")
+    def _task_or_cmd(self) -> Stage:
+        if (self.task is None) == (self.cmd is None):
+            raise ValueError("a stage runs a task (module:function) or a cmd (a shell command): give exactly one")
+        if self.wdir is not None and self.cmd is None:
+            raise ValueError("'wdir' is where a cmd runs: a task stage has none")
+        names = [i.name for i in self.dep_items + self.out_items + self.metric_items if i.name is not None]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"the name {', '.join(map(repr, twice))} is given to more than one path of "
+                             "deps, outs and metrics: a name finds one path")
+        return self
 
     @property
-    def function(self) -> str:
-        return self.task.partition(":")[2]
+    def deps(self) -> tuple[str, ...]:
+        return tuple(i.path for i in self.dep_items)
+
+    @property
+    def outs(self) -> tuple[str, ...]:
+        return tuple(i.path for i in self.out_items)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(i.path for i in self.metric_items)
 
     @property
     def written(self) -> tuple[str, ...]:
         """Every path this stage writes: outs, then metrics."""
         return self.outs + self.metrics
+
+    @property
+    def persist(self) -> frozenset[str]:
+        """Outs left in place while the stage runs (``persist: true``)."""
+        return frozenset(i.path for i in self.out_items + self.metric_items if i.persist)
+
+    @property
+    def names(self) -> dict[str, str]:
+        """Named deps, outs and metrics: name -> path (a task finds them by name)."""
+        return {i.name: i.path for i in self.dep_items + self.out_items + self.metric_items if i.name is not None}
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        """A cmd stage's commands, run one after another (a list ``cmd``, as in DVC)."""
+        return (self.cmd,) if isinstance(self.cmd, str) else tuple(self.cmd or ())
+
+    @property
+    def module(self) -> str:
+        return (self.task or "").partition(":")[0]
+
+    @property
+    def function(self) -> str:
+        return (self.task or "").partition(":")[2]
 
 
 class Pipeline(Model):
@@ -236,7 +349,9 @@ def _allowed_keys(parent: tuple[str | int, ...], data: Any) -> list[str]:
     if not parent:
         return list(Pipeline.model_fields)
     if parent[0] == "stages" and len(parent) == 2:
-        return list(Stage.model_fields)
+        return [field.alias or name for name, field in Stage.model_fields.items()]
+    if parent[0] == "stages" and len(parent) == 4 and parent[2] in ("outs", "metrics"):
+        return ["persist"]
     if parent[0] == "profiles" and len(parent) == 2:
         kind = (data.get("profiles") or {}).get(parent[1], {}).get("kind")
         models: dict[str, type[Model]] = {"threads": ThreadsProfile, "dask": DaskProfile,

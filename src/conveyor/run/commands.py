@@ -1,0 +1,274 @@
+"""``cmd`` stages: shell commands run in their own process group, here or on a Dask worker.
+
+A command runs through ``/bin/sh`` under a guard (:mod:`conveyor.run.guard`) that leads a
+new process group: a timeout, Ctrl-C or the end of the run kills the whole group (the
+shell, and everything the command started), and the guard kills it by itself when the
+process that started it dies, kill -9 included. Its stdout and stderr are read line by
+line and handed to a sink (the stage's log file and the live view); a non-zero exit
+fails the stage with the last lines of stderr.
+
+On a Dask profile the same code runs inside a Dask task on one worker, where the guard is
+the worker's child; lines travel back as Dask events (``Worker.log_event``) and a cancel
+reaches the worker with ``Client.run``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from conveyor.errors import StageError
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+GUARD = Path(__file__).with_name("guard.py")
+TAIL_LINES = 20  # of stderr, shown when a command fails
+KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL of a command's group
+_POLL_S = 0.1  # how often a waiting stage thread looks up (Ctrl-C and timeouts land in between)
+
+Sink = Callable[[str, str], None]  # (stream "out" | "err", line without its newline)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``cmd`` stage ready to run: its commands (interpolated), where, and for how long."""
+
+    stage: str
+    commands: tuple[str, ...]
+    cwd: str  # absolute; a string, as it travels to Dask workers
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the environment it runs in
+    timeout_s: float | None = None
+    own_gpu: bool = False  # dask-cuda: only the worker's own GPU is visible to the command
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a command ended: its exit status and the last lines it wrote to stderr."""
+
+    returncode: int
+    stderr_tail: tuple[str, ...]
+
+
+class CommandFailed(StageError):
+    """A command exited with a non-zero status."""
+
+    def __init__(self, stage: str, returncode: int, tail: Sequence[str]) -> None:
+        shown = "\n".join(f"  {line}" for line in tail)
+        signalled = f" (killed by signal {returncode - 128})" if returncode > 128 else ""
+        reason = f"command exited with status {returncode}{signalled}" + (
+            f"; last lines of stderr:\n{shown}" if shown else "; it wrote nothing to stderr")
+        super().__init__(stage, reason)
+        self.returncode, self.tail = returncode, tuple(tail)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles through Dask with its own arguments
+        return (type(self), (self.stage, self.returncode, self.tail))
+
+
+class CommandTimeout(StageError, TimeoutError):
+    """A command ran past the stage's ``timeout_s``; its process group was killed."""
+
+    def __init__(self, stage: str, timeout_s: float) -> None:
+        super().__init__(stage, f"timed out after {timeout_s:g}s (timeout_s); its processes were killed")
+        self.timeout_s = timeout_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.timeout_s))
+
+
+# --------------------------------------------------------------------------- here
+
+
+_RUNNING: dict[str, subprocess.Popen[bytes]] = {}  # token -> guard, for cancel_on_worker
+_RUNNING_LOCK = threading.Lock()
+
+
+def run_here(command: Command, sink: Sink, *, token: str | None = None) -> Finished:
+    """Run ``command`` in this process's tree; its whole process group is gone when this returns.
+
+    Raises :class:`CommandTimeout` past ``timeout_s``. Any exception raised into the waiting
+    thread (Ctrl-C, a stage timeout) kills the group, then propagates.
+    """
+    guard = _start(command)
+    if token is not None:
+        with _RUNNING_LOCK:
+            _RUNNING[token] = guard
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    readers = [_reader(guard.stdout, "out", sink, None), _reader(guard.stderr, "err", sink, tail)]
+    try:
+        returncode = _wait(guard, command)
+    finally:
+        kill_group(guard)
+        for reader in readers:
+            reader.join(timeout=KILL_GRACE_S)
+        assert guard.stdin is not None
+        guard.stdin.close()
+        if token is not None:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(token, None)
+    return Finished(returncode, tuple(tail))
+
+
+def _start(command: Command) -> subprocess.Popen[bytes]:
+    import json
+
+    env = {**os.environ, **command.env}
+    if command.own_gpu and env.get("CUDA_VISIBLE_DEVICES"):
+        env["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"].split(",")[0]  # dask-cuda lists its own first
+    return subprocess.Popen(
+        [sys.executable, "-I", str(GUARD), json.dumps(list(command.commands))],
+        cwd=command.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: signals from the terminal go to conveyor, not to it
+    )
+
+
+def _wait(guard: subprocess.Popen[bytes], command: Command) -> int:
+    deadline = None if command.timeout_s is None else time.monotonic() + command.timeout_s
+    while True:
+        try:
+            return guard.wait(timeout=_POLL_S)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() > deadline:
+                kill_group(guard, grace_s=KILL_GRACE_S)
+                raise CommandTimeout(command.stage, float(command.timeout_s or 0)) from None
+
+
+def kill_group(guard: subprocess.Popen[bytes], *, grace_s: float = 0.0) -> None:
+    """End every process of the command: SIGTERM first when given a grace, then SIGKILL.
+
+    The group outlives its leader while any member lives, and its id is not reused while
+    it exists, so this is safe after the guard itself has exited.
+    """
+    if grace_s > 0 and _signal_group(guard.pid, signal.SIGTERM):
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            guard.poll()  # reaped, the guard no longer counts as a member
+            if not _signal_group(guard.pid, 0):
+                break
+            time.sleep(0.05)
+    _signal_group(guard.pid, signal.SIGKILL)
+    guard.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _reader(stream: IO[bytes] | None, name: str, sink: Sink, tail: collections.deque[str] | None) -> threading.Thread:
+    def pump() -> None:
+        assert stream is not None
+        with stream:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if tail is not None:
+                    tail.append(line)
+                sink(name, line)
+
+    thread = threading.Thread(target=pump, name=f"conveyor-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+# --------------------------------------------------------------------------- on a Dask worker
+
+
+def run_on_worker(client: Client, command: Command, sink: Sink) -> Finished:
+    """Run ``command`` inside a Dask task on one of ``client``'s workers; its lines come to ``sink``.
+
+    Interrupted (Ctrl-C, a stage timeout), the command's process group on the worker is
+    killed before this returns.
+    """
+    token = uuid.uuid4().hex[:12]
+    topic = f"conveyor-cmd-{token}"
+    ended = threading.Event()
+
+    def receive(event: tuple[float, Any]) -> None:
+        lines = event[1]
+        if lines is None:
+            ended.set()
+            return
+        for stream, line in lines:
+            sink(stream, line)
+
+    client.subscribe_topic(topic, receive)
+    future = client.submit(on_worker, command, token, topic, key=f"conveyor-cmd-{command.stage}-{token}",
+                           pure=False, retries=0)
+    done = threading.Event()
+    future.add_done_callback(lambda _f: done.set())
+    try:
+        while not done.wait(_POLL_S):
+            pass
+        finished: Finished = future.result()
+        ended.wait(timeout=KILL_GRACE_S)  # the last lines travel after the result
+        return finished
+    finally:
+        if not future.done():
+            client.run(cancel_on_worker, token, on_error="ignore")
+            future.cancel()
+        client.unsubscribe_topic(topic)
+
+
+def on_worker(command: Command, token: str, topic: str) -> Finished:
+    """The Dask task: run the command next to the worker, sending its lines in batches."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    batch = _Batch(lambda lines: worker.log_event(topic, lines))
+    try:
+        return run_here(command, batch.add, token=token)
+    finally:
+        batch.close()
+        worker.log_event(topic, None)
+
+
+def cancel_on_worker(token: str) -> None:
+    """Kill the process group of the command running under ``token`` on this worker, if any."""
+    with _RUNNING_LOCK:
+        guard = _RUNNING.get(token)
+    if guard is not None:
+        _signal_group(guard.pid, signal.SIGKILL)
+
+
+class _Batch:
+    """Lines collected and sent every 0.2 s: a chatty command must not flood the scheduler."""
+
+    def __init__(self, send: Callable[[list[tuple[str, str]]], None], every_s: float = 0.2) -> None:
+        self.send = send
+        self.lines: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, args=(every_s,), name="conveyor-lines", daemon=True)
+        self.thread.start()
+
+    def add(self, stream: str, line: str) -> None:
+        with self.lock:
+            self.lines.append((stream, line))
+
+    def _loop(self, every_s: float) -> None:
+        while not self.stopped.wait(every_s):
+            self._flush()
+
+    def _flush(self) -> None:
+        with self.lock:
+            lines, self.lines = self.lines, []
+        if lines:
+            self.send(lines)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self._flush()

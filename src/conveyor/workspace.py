@@ -1,0 +1,53 @@
+"""``.conveyor/``: conveyor's own state in a project, and the lock that makes runs one at a time.
+
+It holds the run records (``runs/``), the stages' logs (``logs/``), the outs journal
+(``journal/``), conveyor's fingerprint record for specs DVC does not run (``locks/``) and
+the run lock. Like ``.dvc/tmp``, none of it belongs in git: the folder ignores itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from conveyor.errors import RunLockedError
+
+STATE_DIR = ".conveyor"
+
+
+def state_dir(root: Path) -> Path:
+    """``root/.conveyor``, made on first use with a ``.gitignore`` that ignores all of it."""
+    folder = root / STATE_DIR
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        ignore.write_text("# conveyor's run records, logs and journal: local state, not for git\n*\n",
+                          encoding="utf-8")
+    return folder
+
+
+@contextmanager
+def run_lock(root: Path) -> Iterator[None]:
+    """Hold the project's run lock; a second concurrent run fails at once with a clear message."""
+    path = state_dir(root) / "run.lock"
+    with path.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise RunLockedError(f"another conveyor run holds {path} (pid {holder}); wait for it "
+                                 "to finish, then run again") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,216 @@
+"""cmd stages' commands: real /bin/sh processes, here and on a real Dask worker; none outlives its run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from distributed import Client, LocalCluster
+
+from conveyor.run.commands import Command, CommandTimeout, Finished, run_here, run_on_worker
+
+
+def marked(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries this test's tag."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("CONVEYOR_TEST_MARK") == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_until_none(tag: str, timeout: float = 5.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (left := marked(tag)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def command(tmp_path: Path, *commands: str, timeout_s: float | None = None, **env: str) -> Command:
+    tag = uuid.uuid4().hex
+    return Command("stage", commands, cwd=str(tmp_path), env={"CONVEYOR_TEST_MARK": tag, **env},
+                   timeout_s=timeout_s)
+
+
+class Lines:
+    """A sink that keeps what a command wrote."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, stream: str, line: str) -> None:
+        with self.lock:
+            self.lines.append((stream, line))
+
+    def of(self, stream: str) -> list[str]:
+        return [line for s, line in self.lines if s == stream]
+
+
+def test_a_command_runs_in_its_directory_and_its_lines_are_streamed(tmp_path: Path) -> None:
+    lines = Lines()
+    cmd = command(tmp_path, "pwd; echo one; echo two >&2; printf 'no newline'")
+    assert run_here(cmd, lines) == Finished(0, ("two",))
+    assert lines.of("out") == [str(tmp_path), "one", "no newline"]
+    assert lines.of("err") == ["two"]
+
+
+def test_a_failing_command_reports_its_status_and_the_tail_of_stderr(tmp_path: Path) -> None:
+    lines = Lines()
+    cmd = command(tmp_path, "for i in $(seq 1 30); do echo err$i >&2; done; exit 3")
+    finished = run_here(cmd, lines)
+    assert finished.returncode == 3
+    assert finished.stderr_tail == tuple(f"err{i}" for i in range(11, 31))  # the last 20 lines
+
+
+def test_a_list_of_commands_runs_in_order_and_stops_at_the_first_failure(tmp_path: Path) -> None:
+    lines = Lines()
+    cmd = command(tmp_path, "echo first", "cd /; echo second; false", "echo third")
+    assert run_here(cmd, lines).returncode == 1
+    assert lines.of("out") == ["first", "second"]
+
+
+def test_a_command_killed_by_a_signal_says_so(tmp_path: Path) -> None:
+    assert run_here(command(tmp_path, "kill -9 $$"), Lines()).returncode == 128 + 9
+
+
+def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    cmd = command(tmp_path, "sleep 300 & sleep 300; echo never", timeout_s=1)
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r"^stage 'stage' failed: timed out after 1s \(timeout_s\)"):
+        run_here(cmd, Lines())
+    assert time.monotonic() - start < 8
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    cmd = command(tmp_path, "trap '' TERM; sleep 300 & wait", timeout_s=0.5)
+    with pytest.raises(CommandTimeout):
+        run_here(cmd, Lines())
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+def test_background_processes_of_a_finished_command_do_not_outlive_it(tmp_path: Path) -> None:
+    cmd = command(tmp_path, "(sleep 300 &); nohup sleep 300 >/dev/null 2>&1 & echo started")
+    assert run_here(cmd, Lines()).returncode == 0
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+def test_an_interrupt_of_the_waiting_thread_kills_the_command(tmp_path: Path) -> None:
+    """Ctrl-C reaches a stage as KeyboardInterrupt raised in its thread (StageRunner.interrupt)."""
+    import ctypes
+
+    cmd = command(tmp_path, "echo started; sleep 300")
+    lines, caught = Lines(), []
+
+    def stage() -> None:
+        try:
+            run_here(cmd, lines)
+        except KeyboardInterrupt:
+            caught.append("interrupted")
+
+    thread = threading.Thread(target=stage)
+    thread.start()
+    while lines.of("out") != ["started"]:
+        time.sleep(0.02)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident or 0), ctypes.py_object(KeyboardInterrupt))
+    thread.join(10)
+    assert caught == ["interrupted"]
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+RUNNER = textwrap.dedent("""
+    import sys
+    from conveyor.run.commands import Command, run_here
+    cmd = Command("stage", ("sleep 300 & echo started; sleep 300",), cwd=".", env={"CONVEYOR_TEST_MARK": sys.argv[1]})
+    run_here(cmd, lambda stream, line: print(line, flush=True))
+""")
+
+
+def test_a_command_dies_with_a_runner_killed_by_sigkill(tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, tag], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    assert runner.stdout is not None
+    assert runner.stdout.readline().strip() == "started"
+    assert len(marked(tag)) >= 3  # the guard, sh and two sleeps
+    os.kill(runner.pid, signal.SIGKILL)
+    runner.wait()
+    assert wait_until_none(tag) == []
+
+
+# --------------------------------------------------------------------------- on a Dask worker
+
+
+@pytest.fixture(scope="module")
+def worker_client() -> Iterator[Client]:
+    """One worker process, as a dask-cuda worker would be (it sees GPUs 2 and 3, its own first)."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", env={"CUDA_VISIBLE_DEVICES": "2,3"}) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+@pytest.mark.slow
+def test_a_command_on_a_worker_sends_its_lines_back(worker_client: Client, tmp_path: Path) -> None:
+    lines = Lines()
+    cmd = command(tmp_path, "echo on-worker; echo $CUDA_VISIBLE_DEVICES; for i in 1 2 3; do echo $i; done; exit 4")
+    finished = run_on_worker(worker_client, cmd, lines)
+    assert finished.returncode == 4
+    assert lines.of("out") == ["on-worker", "2,3", "1", "2", "3"]
+    worker_pids = set(worker_client.run(os.getpid).values())
+    assert os.getpid() not in worker_pids
+
+
+@pytest.mark.slow
+def test_a_command_on_a_gpu_worker_sees_only_its_own_gpu(worker_client: Client, tmp_path: Path) -> None:
+    lines = Lines()
+    cmd = command(tmp_path, "echo $CUDA_VISIBLE_DEVICES")
+    cmd = Command(cmd.stage, cmd.commands, cmd.cwd, cmd.env, own_gpu=True)
+    assert run_on_worker(worker_client, cmd, lines).returncode == 0
+    assert lines.of("out") == ["2"]
+
+
+@pytest.mark.slow
+def test_a_timeout_on_a_worker_kills_the_command_there(worker_client: Client, tmp_path: Path) -> None:
+    cmd = command(tmp_path, "sleep 300 & sleep 300", timeout_s=1)
+    with pytest.raises(CommandTimeout):
+        run_on_worker(worker_client, cmd, Lines())
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+@pytest.mark.slow
+def test_an_interrupted_stage_kills_its_command_on_the_worker(worker_client: Client, tmp_path: Path) -> None:
+    import ctypes
+
+    cmd = command(tmp_path, "echo started; sleep 300")
+    lines, caught = Lines(), []
+
+    def stage() -> None:
+        try:
+            run_on_worker(worker_client, cmd, lines)
+        except KeyboardInterrupt:
+            caught.append("interrupted")
+
+    thread = threading.Thread(target=stage)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while lines.of("out") != ["started"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident or 0), ctypes.py_object(KeyboardInterrupt))
+    thread.join(30)
+    assert caught == ["interrupted"]
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+    assert worker_client.submit(lambda: 1, pure=False).result(timeout=30) == 1  # the worker is free again

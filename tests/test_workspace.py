@@ -1,0 +1,90 @@
+"""The project's state folder and run lock: runs one at a time, decided at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import RunLockedError
+from conveyor.workspace import run_lock, state_dir
+
+
+def test_the_state_folder_ignores_itself_in_git(tmp_path: Path) -> None:
+    folder = state_dir(tmp_path)
+    assert folder == tmp_path / ".conveyor"
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (folder / "runs").mkdir()
+    (folder / "runs" / "latest.json").write_text("{}")
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path,
+                            capture_output=True, text=True, check=True)
+    assert status.stdout == ""
+
+
+TAKE_LOCK = """
+import sys, time
+from pathlib import Path
+from conveyor.errors import RunLockedError
+from conveyor.workspace import run_lock
+start = time.perf_counter()
+try:
+    with run_lock(Path(sys.argv[1])):
+        print("locked", flush=True)
+        sys.stdin.readline()
+except RunLockedError as exc:
+    print(f"{time.perf_counter() - start:.3f} {exc}")
+    sys.exit(3)
+"""
+
+
+def take_lock(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", TAKE_LOCK, str(root)], input="\n", capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_second_run_in_another_process_fails_at_once(tmp_path: Path) -> None:
+    lock = tmp_path / ".conveyor" / "run.lock"
+    with run_lock(tmp_path):
+        done = take_lock(tmp_path)
+        assert lock.read_text() == str(os.getpid())
+    assert done.returncode == 3, done.stderr
+    elapsed, _, message = done.stdout.strip().partition(" ")
+    assert float(elapsed) < 1.0
+    assert message == (f"another conveyor run holds {lock} (pid {os.getpid()}); wait for it to finish, "
+                       "then run again")
+
+
+def test_this_process_fails_at_once_while_another_holds_the_lock(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", TAKE_LOCK, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "locked"
+        start = time.perf_counter()
+        with pytest.raises(RunLockedError, match=rf"holds {tmp_path / '.conveyor' / 'run.lock'} "
+                                                 rf"\(pid {holder.pid}\)"), run_lock(tmp_path):
+            pass
+        assert time.perf_counter() - start < 1.0
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    with run_lock(tmp_path):  # released when the holder finished
+        pass
+
+
+def test_the_lock_is_released_after_a_run_and_after_a_failure(tmp_path: Path) -> None:
+    with run_lock(tmp_path):
+        pass
+    assert take_lock(tmp_path).returncode == 0
+    with pytest.raises(RuntimeError), run_lock(tmp_path):
+        raise RuntimeError("stage failed")
+    assert take_lock(tmp_path).returncode == 0
+    assert (tmp_path / ".conveyor" / "run.lock").read_text() == ""
