@@ -1,4 +1,8 @@
-"""Evaluate: score every model on the held-out TEST split; metrics JSON and a ROC plot."""
+"""Evaluate: score every model on the held-out TEST split; metrics JSON and a ROC plot.
+
+Its deps are named (``data``, ``xgb``, ``mlp``, ``stack``); its one out is the plot and its
+one metrics file the scores.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +10,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks import models
-from tasks.files import out_file, write_json
+from tasks.files import write_json
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
-    from conveyor.run.context import StageContext
+    from conveyor import StageContext
 
 _DIGITS = 6
 
 
 def evaluate(ctx: StageContext) -> None:
     """AUC, accuracy and log-loss of xgb, mlp and stack on test; ROC curves to a PNG."""
-    processed = ctx.dep("data/processed")
-    test = models.read_split(processed, "test")
+    test = models.read_split(ctx.dep("data"), "test")
     threshold = float(ctx.section("evaluate")["threshold"])
-    probabilities = model_probabilities(
-        test.features,
-        ctx.dep("models/xgb.json"),
-        ctx.dep("models/mlp.pt"),
-        ctx.dep("models/stack.json"),
-    )
+    probabilities = model_probabilities(test.features, ctx.dep("xgb"), ctx.dep("mlp"), ctx.dep("stack"))
     scores = {name: score(test.label, p, threshold=threshold) for name, p in probabilities.items()}
-    write_json(ctx.out("metrics/test.json"), scores)
-    plot_roc(out_file(ctx.out("plots/roc.png")), test.label, probabilities)
+    write_json(ctx.metric(), scores)
+    plot_roc(ctx.out(), test.label, probabilities)
     ctx.log.info("test AUC: %s", {name: s["auc"] for name, s in scores.items()})
 
 
@@ -70,5 +68,5 @@ def plot_roc(path: Path, label: npt.NDArray[np.int64], probabilities: dict[str, 
     axes.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8)
     axes.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC, test split")
     axes.legend(loc="lower right")
-    # format given: the runner's temporary sibling of roc.png need not end in .png
+    # format given, whatever the file is called
     figure.savefig(path, format="png", metadata={"Software": None})

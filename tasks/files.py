@@ -1,4 +1,4 @@
-"""Small helpers for writing a stage's outs: parents created, JSON written one way."""
+"""JSON written one way: stable bytes, readable diffs."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ from pathlib import Path
 from typing import Any
 
 
-def out_file(path: Path) -> Path:
-    """``path`` with its parent directory created (the runner's temporary sibling may be new)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def write_json(path: Path, body: Mapping[str, Any]) -> None:
-    """Indented JSON with a trailing newline: stable bytes, readable diffs."""
-    out_file(path).write_text(json.dumps(body, indent=2) + "\n")
+    """Indented JSON with a trailing newline."""
+    path.write_text(json.dumps(body, indent=2) + "\n")

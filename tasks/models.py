@@ -52,8 +52,8 @@ def read_split(processed: Path, split: str) -> Split:
 def save_xgb(path: Path, booster: xgb.Booster) -> None:
     """The booster as JSON, whatever the file is called.
 
-    ``Booster.save_model`` picks the format from the file's extension, and the runner's
-    temporary sibling of ``xgb.json`` need not end in ``.json``. The model JSON holds the
+    ``Booster.save_model`` picks the format from the file's extension, and a spec may name
+    the out anything. The model JSON holds the
     trees, not the training configuration (``device`` included): a booster trained with
     ``device="cuda"`` loads and predicts on a machine without a GPU.
     """
@@ -99,8 +99,7 @@ def save_mlp(path: Path, model: torch.nn.Sequential, sizes: list[int], features:
 
     state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
     # Through a buffer: saved to a path, torch names the archive's root folder after the file,
-    # and the runner's temporary names differ every run, so the same weights got new bytes
-    # (and DVC reran every stage downstream).
+    # so the same weights would get other bytes under another file name.
     buffer = io.BytesIO()
     torch.save({"sizes": sizes, "features": features, "state_dict": state}, buffer)
     path.write_bytes(buffer.getvalue())

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
 
-    from conveyor.run.context import StageContext
+    from conveyor import StageContext
 
 SPLITS = ("train", "valid", "test")
 SPLIT_COLUMN = "split"
@@ -56,7 +56,7 @@ class ColumnStats:
 
 
 def prepare(ctx: StageContext) -> None:
-    """Read data/raw, split it, fit stats on train, write data/processed/{split}/ and stats."""
+    """Read the raw parts, split them, fit stats on train, write ``<out>/{split}/`` and ``<out>/stats.json``."""
     import dask.dataframe as dd
     from dask.base import compute
 
@@ -64,7 +64,7 @@ def prepare(ctx: StageContext) -> None:
     label, seed = str(params["label"]), int(ctx.params["seed"])
     fractions = Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
     ctx.progress.start(3, unit="steps", description="preprocessing")
-    frame = clean(dd.read_parquet(str(ctx.dep("data/raw"))), label)
+    frame = clean(dd.read_parquet(str(ctx.dep())), label)
     features = [column for column in frame.columns if column != label]
     tagged = split_rows(frame, label=label, seed=seed, fractions=fractions)
     ctx.progress.advance(1)
@@ -74,7 +74,7 @@ def prepare(ctx: StageContext) -> None:
     )
     column_stats = _finish_stats(*stats)
     ctx.progress.advance(1)
-    out = ctx.out("data/processed")
+    out = ctx.out()
     writes = [
         standardise(_select(tagged, split), features, column_stats).to_parquet(
             str(out / split), write_index=False, compute=False, name_function=_part_name

@@ -1,15 +1,14 @@
 """A bench to run tasks the way conveyor's runner runs them, without the runner.
 
-``StageBench.run`` builds the ``StageContext`` by hand (declared params, deps, outs written
-to temporary siblings, the Dask client made current), calls the task, then renames the
-outs into place. ``run_chain`` runs the reference pipeline's stages in order.
+``StageBench.run`` builds the ``StageContext`` by hand (declared params, deps and outs in
+place, names, the Dask client made current) and calls the task inside the outs journal,
+as the runner does. ``run_chain`` runs the reference pipeline's stages in order.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from contextlib import nullcontext
@@ -19,9 +18,10 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
-from conveyor.ingest import fetch as ingest
-from conveyor.run.context import StageContext
-from tasks import evaluate, preprocess, train
+from conveyor import StageContext
+from conveyor.run.journal import Journal
+from conveyor.run.stage import check_outs, current_client
+from tasks import evaluate, ingest, preprocess, train
 
 REPO = Path(__file__).resolve().parents[2]
 Task = Callable[[StageContext], None]
@@ -50,12 +50,8 @@ def lookup(params: Mapping[str, Any], dotted: str) -> Any:
 
 @dataclass
 class StageBench:
-    """A project root where stages run like the runner runs them.
-
-    Outs and metrics are written to temporary siblings whose names do not keep the
-    declared suffix (``xgb.json.tmp-1a2b``), then renamed into place after the task
-    returned: tasks must not rely on the file name they are given.
-    """
+    """A project root where stages run like the runner runs them: outs in place, the previous
+    ones kept aside by the journal and put back if the task raises."""
 
     root: Path
     params: dict[str, Any]
@@ -66,32 +62,35 @@ class StageBench:
         task: Task,
         *,
         params: Sequence[str] = (),
-        deps: Sequence[str] = (),
+        deps: Sequence[str] | Mapping[str, str] = (),
         outs: Sequence[str] = (),
         metrics: Sequence[str] = (),
         client: Client | None = None,
         executor: Executor | None = None,
         overrides: Mapping[str, Any] | None = None,
+        devices: tuple[int, ...] = (),
     ) -> StageContext:
-        """Run one task; ``overrides`` replaces whole declared keys of params.yaml."""
-        tmp = {rel: self.root / f"{rel}.tmp-{uuid.uuid4().hex[:4]}" for rel in (*outs, *metrics)}
+        """Run one task; ``overrides`` replaces whole declared keys of params.yaml; named deps as a mapping."""
+        names = dict(deps) if isinstance(deps, Mapping) else {}
+        dep_paths = list(deps.values()) if isinstance(deps, Mapping) else list(deps)
         ctx = StageContext(
             stage=task.__name__,
             params={key: (overrides or {}).get(key, lookup(self.params, key)) for key in params},
-            deps={rel: self.root / rel for rel in deps},
-            outs={rel: tmp[rel] for rel in outs},
-            metrics={rel: tmp[rel] for rel in metrics},
+            deps={rel: self.root / rel for rel in dep_paths},
+            outs={rel: self.root / rel for rel in outs},
+            metrics={rel: self.root / rel for rel in metrics},
+            names=names,
             root=self.root,
             log=logging.getLogger(f"tests.{task.__name__}"),
             client=client,
             executor=executor,
             n_workers=len(client.scheduler_info(n_workers=-1)["workers"]) if client else 1,
+            devices=devices,
         )
-        with client.as_current() if client is not None else nullcontext():
+        with Journal(self.root).protect(task.__name__, [*outs, *metrics]), \
+                current_client(client) if client is not None else nullcontext():
             task(ctx)
-        for rel, path in tmp.items():
-            (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
-            path.rename(self.root / rel)
+            check_outs(self.root, task.__name__, [*outs, *metrics])
         self.contexts.append(ctx)
         return ctx
 
@@ -131,13 +130,14 @@ def run_chain(bench: StageBench, client: Client) -> StageBench:
     bench.run(
         train.stack,
         params=["train.stack", "seed"],
-        deps=["data/processed", "models/xgb.json", "models/mlp.pt"],
+        deps={"data": "data/processed", "xgb": "models/xgb.json", "mlp": "models/mlp.pt"},
         outs=["models/stack.json"],
     )
     bench.run(
         evaluate.evaluate,
         params=["evaluate"],
-        deps=["data/processed", "models/xgb.json", "models/mlp.pt", "models/stack.json"],
+        deps={"data": "data/processed", "xgb": "models/xgb.json", "mlp": "models/mlp.pt",
+              "stack": "models/stack.json"},
         outs=["plots/roc.png"],
         metrics=["metrics/test.json"],
     )

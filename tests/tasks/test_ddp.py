@@ -19,9 +19,9 @@ import torch
 from distributed import Client, LocalCluster
 from stagebench import REPO, StageBench
 
-from conveyor.run.context import StageContext, StageProgress
-from conveyor.train import ddp
-from tasks import models, train
+from conveyor import StageContext, StageProgress
+from conveyor.train import collective, ddp
+from tasks import mlp, mlp_ddp, models, train
 
 MLP_METRICS = ["epochs", "best_epoch", "initial_valid_loss", "best_valid_loss"]
 
@@ -33,7 +33,7 @@ def data_bench(chain: StageBench, bench: StageBench) -> StageBench:
     return bench
 
 
-def run_mlp(bench: StageBench, client: Client | None, **mlp: Any) -> StageContext:
+def run_mlp(bench: StageBench, client: Client | None, **overrides: Any) -> StageContext:
     """The train_mlp stage on ``client`` (None: in-process), with train.mlp keys replaced."""
     return bench.run(
         train.mlp_model,
@@ -42,21 +42,21 @@ def run_mlp(bench: StageBench, client: Client | None, **mlp: Any) -> StageContex
         outs=["models/mlp.pt"],
         metrics=["metrics/train_mlp.json"],
         client=client,
-        overrides={"train.mlp": {**bench.params["train"]["mlp"], **mlp}},
+        overrides={"train.mlp": {**bench.params["train"]["mlp"], **overrides}},
     )
 
 
-def job(bench: StageBench, **mlp: Any) -> ddp.DdpJob:
-    params = train.MlpParams.from_params({**bench.params["train"]["mlp"], **mlp})
+def job(bench: StageBench, **overrides: Any) -> mlp_ddp.DdpJob:
+    params = mlp.MlpParams.from_params({**bench.params["train"]["mlp"], **overrides})
     out = bench.root / "models/mlp.pt"
     out.parent.mkdir(parents=True, exist_ok=True)
-    return ddp.DdpJob(str(bench.root / "data/processed"), str(out), params, seed=int(bench.params["seed"]))
+    return mlp_ddp.DdpJob(str(bench.root / "data/processed"), str(out), params, seed=int(bench.params["seed"]))
 
 
 def test_every_rank_ends_with_the_same_weights_and_rank_0_saved_them(client: Client, data_bench: StageBench) -> None:
     progress = StageProgress()
 
-    ranks = ddp.train_on_workers(client, job(data_bench), progress=progress, log=logging.getLogger("tests.ddp"))
+    ranks = mlp_ddp.train(client, job(data_bench), gpu=False, progress=progress, log=logging.getLogger("tests.ddp"))
 
     assert [rank.rank for rank in ranks] == [0, 1]
     assert {rank.device for rank in ranks} == {"cpu"}
@@ -115,7 +115,7 @@ def test_a_failing_rank_fails_the_stage_at_once_and_leaves_the_cluster_usable(
 
     # rank 0 was blocked in a collective with rank 1: it failed when rank 1 left, not at the timeout
     assert time.monotonic() - started < 60
-    assert not (data_bench.root / "models/mlp.pt").exists()  # the bench renames outs only after success
+    assert not (data_bench.root / "models/mlp.pt").exists()  # the journal put back what was there: nothing
     assert all(not keys for keys in client.processing().values())  # no rank left running
     assert "failing on purpose" in caplog.text  # the rank's traceback is in the stage's log
     run_mlp(data_bench, client, max_epochs=3)  # a fresh process group on the same workers
@@ -147,7 +147,7 @@ def test_the_model_trained_on_workers_loads_on_cpu_in_a_fresh_process(client: Cl
 def test_ddp_and_xgboost_at_once_on_the_same_one_thread_workers_both_finish(
     client: Client, data_bench: StageBench
 ) -> None:
-    """Both run one blocking task per worker; without tasks.train.collective_job serialising
+    """Both run one blocking task per worker; without conveyor.train.collective.collective_job serialising
     them, worker A could run one job's task and worker B the other's, each waiting forever.
 
     The outer as_current: Client.as_current sets dask's process-wide config and restores it
@@ -170,9 +170,10 @@ def test_ddp_and_xgboost_at_once_on_the_same_one_thread_workers_both_finish(
 
 def test_ddp_needs_one_process_per_worker(data_bench: StageBench) -> None:
     with (
-        LocalCluster(n_workers=2, processes=False, dashboard_address=":0", scheduler_kwargs={"dashboard": False}) as cl,
+        LocalCluster(n_workers=2, processes=False, dashboard_address=":0",
+                     scheduler_kwargs={"dashboard": False}) as cl,
         Client(cl, set_as_default=False) as threads,
-        pytest.raises(ddp.DdpError, match=r"^DDP: 2 workers share 1 process\(es\); DDP needs one process per worker"),
+        pytest.raises(collective.CollectiveError, match=r"^2 workers share 1 process\(es\); this job needs one"),
     ):
         run_mlp(data_bench, threads)
 
@@ -194,6 +195,6 @@ def test_init_method_is_rank_0_workers_host_and_the_free_port(address: str, expe
 
 
 def test_ranks_are_the_sorted_worker_addresses(client: Client) -> None:
-    workers = ddp.ranked_workers(client)
+    workers = collective.ranked_workers(client)
 
     assert workers == sorted(client.scheduler_info(n_workers=-1)["workers"]) and len(workers) == 2

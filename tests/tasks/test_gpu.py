@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,11 +22,11 @@ import numpy as np
 import pytest
 import torch
 from distributed import Client
-from stagebench import REPO, StageBench, Task, lookup
+from stagebench import REPO, StageBench, Task
 
-from conveyor.run.context import StageContext, StageProgress
+from conveyor import StageProgress
 from conveyor.train import ddp
-from tasks import evaluate, models, train
+from tasks import evaluate, mlp, mlp_ddp, models, train
 
 GPUS = torch.cuda.device_count()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs an NVIDIA GPU (torch sees none)")]
@@ -58,31 +57,15 @@ def run_on_gpus(
     overrides: dict[str, Any] | None = None,
 ) -> None:
     """StageBench.run with the GPU profile's ``devices`` set, as the runner sets them."""
-    tmp = {rel: bench.root / f"{rel}.tmp-{uuid.uuid4().hex[:4]}" for rel in (*outs, *metrics)}
-    ctx = StageContext(
-        stage=task.__name__,
-        params={key: (overrides or {}).get(key, lookup(bench.params, key)) for key in params},
-        deps={rel: bench.root / rel for rel in deps},
-        outs={rel: tmp[rel] for rel in outs},
-        metrics={rel: tmp[rel] for rel in metrics},
-        root=bench.root,
-        log=logging.getLogger(f"tests.gpu.{task.__name__}"),
-        client=client,
-        n_workers=len(client.scheduler_info(n_workers=-1)["workers"]),
-        devices=tuple(range(GPUS)),
-    )
-    with client.as_current():
-        task(ctx)
-    for rel, path in tmp.items():
-        (bench.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        path.rename(bench.root / rel)
+    bench.run(task, params=params, deps=deps, outs=outs, metrics=metrics, client=client, overrides=overrides,
+              devices=tuple(range(GPUS)))
 
 
-def run_mlp_on_gpus(bench: StageBench, client: Client, **mlp: Any) -> None:
+def run_mlp_on_gpus(bench: StageBench, client: Client, **overrides: Any) -> None:
     run_on_gpus(
         bench, train.mlp_model, client,
         params=["train.mlp", "seed"], deps=["data/processed"], outs=["models/mlp.pt"],
-        metrics=["metrics/train_mlp.json"], overrides={"train.mlp": {**bench.params["train"]["mlp"], **mlp}},
+        metrics=["metrics/train_mlp.json"], overrides={"train.mlp": {**bench.params["train"]["mlp"], **overrides}},
     )
 
 
@@ -177,11 +160,11 @@ def test_gpu_trained_booster_predicts_the_same_on_cpu_in_a_fresh_process(gpu_mod
 def test_ddp_over_nccl_trains_one_rank_per_gpu_to_identical_weights(
     cuda_client: Client, gpu_models: StageBench
 ) -> None:
-    params = train.MlpParams.from_params(gpu_models.params["train"]["mlp"])
+    params = mlp.MlpParams.from_params(gpu_models.params["train"]["mlp"])
     out = gpu_models.root / "models/ddp-nccl.pt"
-    job = ddp.DdpJob(str(gpu_models.root / "data/processed"), str(out), params, seed=42, gpu=True)
+    job = mlp_ddp.DdpJob(str(gpu_models.root / "data/processed"), str(out), params, seed=42)
 
-    ranks = ddp.train_on_workers(cuda_client, job, progress=StageProgress(), log=logging.getLogger("tests.gpu"))
+    ranks = mlp_ddp.train(cuda_client, job, gpu=True, progress=StageProgress(), log=logging.getLogger("tests.gpu"))
 
     assert [rank.rank for rank in ranks] == list(range(GPUS))
     assert {rank.device for rank in ranks} == {"cuda:0"}  # each worker's own GPU

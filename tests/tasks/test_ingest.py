@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 from stagebench import StageBench
 
-from conveyor.ingest import fetch as ingest
+from conveyor.ingest.fetch import SourceError, expand_template
+from tasks import ingest
 
 T = TypeVar("T")
 BREAST_CANCER = Path(str(importlib.resources.files("sklearn"))) / "datasets/data/breast_cancer.csv"
@@ -98,7 +99,7 @@ def test_glob_reads_matches_in_sorted_order_on_the_given_executor(bench: StageBe
 
 def test_missing_source_names_its_url(bench: StageBench, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/nope.csv"
-    with pytest.raises(ingest.SourceError, match=r"cannot ingest source 'file://.*/nope\.csv'"):
+    with pytest.raises(SourceError, match=r"cannot ingest source 'file://.*/nope\.csv'"):
         run_ingest(bench, sources=[f"file://{BREAST_CANCER}", url])
 
 
@@ -106,15 +107,15 @@ def test_unparsable_block_names_its_url_and_byte_range(bench: StageBench, tmp_pa
     path = tmp_path / "bad.csv"
     path.write_text("1,2\n3,4\nfive,6\n")
 
-    with pytest.raises(ingest.SourceError, match=r"'.*bad\.csv': .*bad\.csv bytes \d+\+\d+: ValueError"):
+    with pytest.raises(SourceError, match=r"'.*bad\.csv': .*bad\.csv bytes \d+\+\d+: ValueError"):
         run_ingest(bench, sources=[str(path)], skip_rows=0, columns=["a", "b"], block_size=4, dtype="int64")
 
 
 def test_glob_without_match_names_its_url(bench: StageBench, tmp_path: Path) -> None:
-    with pytest.raises(ingest.SourceError, match=r"'.*/\*\.parquet': .*no files match the pattern"):
+    with pytest.raises(SourceError, match=r"'.*/\*\.parquet': .*no files match the pattern"):
         run_ingest(bench, sources=[f"{tmp_path}/*.parquet"])
 
 
 def test_package_template_resolves_to_the_installed_package() -> None:
-    url = ingest.expand_template("file://{package:sklearn}/datasets/data/breast_cancer.csv")
+    url = expand_template("file://{package:sklearn}/datasets/data/breast_cancer.csv")
     assert url == f"file://{BREAST_CANCER}"

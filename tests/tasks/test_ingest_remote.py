@@ -30,7 +30,8 @@ import pandas as pd
 import pytest
 from stagebench import StageBench
 
-from conveyor.ingest import fetch as ingest
+from conveyor.ingest.fetch import SourceError
+from tasks import ingest
 
 COLUMNS = ["a", "b", "c", "d", "label"]
 FAST_RETRY = {"attempts": 4, "initial_delay_s": 0.01, "max_delay_s": 0.05, "jitter": 0.5}
@@ -57,7 +58,7 @@ def ingested(root: Path) -> pd.DataFrame:
 
 def leftovers(root: Path) -> list[Path]:
     """Hidden files (temporaries of parts and downloads) anywhere under the project root."""
-    return [p for p in root.rglob(".*") if p.is_file()]
+    return [p for p in root.rglob(".*") if p.is_file() and ".conveyor" not in p.relative_to(root).parts]
 
 
 def free_port() -> int:
@@ -242,7 +243,7 @@ def test_always_failing_source_names_url_and_attempts_and_leaves_no_partial_file
     server = serve(files, plan=lambda method, path, rng, n: fault if method == "GET" and path == "down.csv" else None)
 
     error = r"gave up after 4 attempts; last error: " + ("ClientResponseError: 500" if fault == "500" else ".*Payload")
-    with pytest.raises(ingest.SourceError, match=rf"cannot ingest source '{server.url('down.csv')}': {error}"):
+    with pytest.raises(SourceError, match=rf"cannot ingest source '{server.url('down.csv')}': {error}"):
         run_ingest(bench, [server.url("good.csv"), server.url("down.csv")])
 
     assert server.requests[("GET", "down.csv")] == 4
@@ -256,7 +257,7 @@ def test_404_and_403_are_not_retried(
     server = serve({"secret.csv": b"x\n1,2,3,4,5\n"},
                    plan=lambda method, path, rng, n: "403" if path == "secret.csv" else None)
 
-    with pytest.raises(ingest.SourceError, match=rf"'{server.url(name)}': permanent error on attempt 1, not retried"):
+    with pytest.raises(SourceError, match=rf"'{server.url(name)}': permanent error on attempt 1, not retried"):
         run_ingest(bench, [server.url(name)])
 
     assert server.requests[("HEAD", name)] == 1  # the listing's HEAD, then its GET fallback, once
@@ -266,7 +267,7 @@ def test_404_and_403_are_not_retried(
 def test_unparsable_csv_is_not_retried(bench: StageBench, serve: Callable[..., FlakyServer]) -> None:
     server = serve({"bad.csv": b"a,b,c,d,label\n1,2,3,4,5\n1,2,three,4,5\n"})
 
-    with pytest.raises(ingest.SourceError, match=rf"'{server.url('bad.csv')}': .*bad\.csv: ValueError"):
+    with pytest.raises(SourceError, match=rf"'{server.url('bad.csv')}': .*bad\.csv: ValueError"):
         run_ingest(bench, [server.url("bad.csv")])
 
     assert server.requests[("GET", "bad.csv")] == 1
@@ -276,7 +277,7 @@ def test_unparsable_csv_is_not_retried(bench: StageBench, serve: Callable[..., F
 def test_wrong_md5_in_params_fails_after_the_retries(bench: StageBench, serve: Callable[..., FlakyServer]) -> None:
     server = serve({"a.csv": csv_bytes(100, 3)})
 
-    with pytest.raises(ingest.SourceError, match=r"gave up after 4 attempts; .*TransferIncomplete: md5 \w+ does not "
+    with pytest.raises(SourceError, match=r"gave up after 4 attempts; .*TransferIncomplete: md5 \w+ does not "
                                                  r"match 0{32} \(params\)"):
         run_ingest(bench, [{"url": server.url("a.csv"), "md5": "0" * 32}])
 
@@ -299,7 +300,7 @@ def test_the_barrier_catches_a_serial_ingest(bench: StageBench, serve: Callable[
     """The control for the test above: one worker cannot gather four requests."""
     server = serve({f"{i}.csv": csv_bytes(10, i) for i in range(4)}, barrier=threading.Barrier(4, timeout=0.5))
 
-    with pytest.raises(ingest.SourceError, match="gave up after 2 attempts"):
+    with pytest.raises(SourceError, match="gave up after 2 attempts"):
         run_ingest(bench, [server.url(f"{i}.csv") for i in range(4)], workers=1, retry={**FAST_RETRY, "attempts": 2})
     assert server.broken_barriers >= 1
 

@@ -12,9 +12,8 @@ import pytest
 from distributed import Client
 from stagebench import REPO, StageBench
 
-from conveyor.ingest import fetch as ingest
 from conveyor.ingest import synthetic
-from tasks import preprocess
+from tasks import ingest, preprocess
 
 T = TypeVar("T")
 
@@ -105,10 +104,17 @@ def test_scale_spec_is_the_reference_pipeline_on_synthetic_data() -> None:
     scale, reference = (load_project(REPO / "configs" / name) for name in ("scale.yaml", "pipeline.yaml"))
 
     assert scale.stage_params("ingest") == {"scale.ingest": scale.params["scale"]["ingest"]}
-    assert scale.order == reference.order
+    assert scale.order == reference.order and scale.graph == reference.graph
+
+    def own(path: str) -> str:  # data/raw -> data/scale/raw: the same layout under its own folders
+        top, _, rest = path.partition("/")
+        return f"{top}/scale/{rest}"
+
     for name, stage in scale.pipeline.stages.items():
         ref = reference.pipeline.stages[name]
-        assert (stage.task, stage.deps, stage.outs, stage.metrics) == (ref.task, ref.deps, ref.outs, ref.metrics)
+        assert (stage.task, stage.names.keys()) == (ref.task, ref.names.keys())
+        assert (stage.deps, stage.outs, stage.metrics) == tuple(
+            tuple(map(own, paths)) for paths in (ref.deps, ref.outs, ref.metrics))
 
 
 @pytest.mark.slow

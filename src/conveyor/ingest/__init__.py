@@ -1,1 +1,11 @@
-"""Fetching many sources on a thread pool: fsspec URLs and globs, retries, checksums, byte ranges."""
+"""Fetching many sources on a thread pool: fsspec URLs and globs, retries, checksums, byte ranges.
+
+``fetch_sources(params, out, executor=ctx.executor, progress=ctx.progress, log=ctx.log)``
+is what an ingest task calls; ``params`` is its section of params.yaml (see the README).
+"""
+
+from __future__ import annotations
+
+from conveyor.ingest.fetch import Ingested, SourceError, fetch_sources
+
+__all__ = ["Ingested", "SourceError", "fetch_sources"]

@@ -1,4 +1,4 @@
-"""Ingest: fetch every source on the stage's thread pool into parquet parts in ``data/raw``.
+"""Ingest: fetch every source on the stage's thread pool into parquet parts of one directory.
 
 Sources (``ingest.sources``) are fsspec URLs or globs (``file://``, ``http(s)://``,
 ``s3://``...) read in one of two modes, or ``synthetic`` generators:
@@ -21,6 +21,7 @@ file, offset), so the data set is the same however the threads race.
 from __future__ import annotations
 
 import io
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,13 +37,12 @@ from conveyor.ingest.parts import part_path, temporary, write_atomically
 from conveyor.ingest.retry import Cancelled, GaveUp, call_with_retries, describe
 from conveyor.ingest.sources import RemoteFile, data_start, download, expand_template, list_files, read_range
 from conveyor.ingest.synthetic import SyntheticSource, write_shard
+from conveyor.run.context import StageProgress
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from conveyor.run.context import StageContext, StageProgress
-
-__all__ = ["SourceError", "expand_template", "fetch"]
+__all__ = ["Ingested", "SourceError", "expand_template", "fetch_sources"]
 
 T = TypeVar("T")
 _DEFAULT_WORKERS = 8
@@ -94,24 +94,42 @@ class Shard:
 Unit = Block | Transfer | Shard
 
 
-def fetch(ctx: StageContext) -> None:
-    """Read the declared ``ingest`` params (or ``<anything>.ingest``), fetch, write parts."""
-    key = ctx.section_key("ingest")
-    raw: Mapping[str, Any] = ctx.params[key]
-    params = IngestParams.parse(raw, key=key)
-    out = _out_dir(ctx)
+@dataclass(frozen=True)
+class Ingested:
+    """What :func:`fetch_sources` wrote."""
+
+    rows: int
+    parts: int
+    sources: int
+    bytes: int
+    seconds: float
+    retries: int
+
+
+def fetch_sources(params: Mapping[str, Any], out: Path, *, executor: Executor | None = None,
+                  progress: StageProgress | None = None, log: logging.Logger | None = None,
+                  key: str = "ingest") -> Ingested:
+    """Fetch the sources ``params`` names into parquet parts in the new directory ``out``.
+
+    ``params`` is an ingest section of params.yaml (``sources``, ``columns``, ``retry``...;
+    see the README); ``key`` is its name there, used in error messages. Work runs on
+    ``executor`` (the stage's thread pool) or on a pool of its own.
+    """
+    parsed = IngestParams.parse(params, key=key)
+    log = log or logging.getLogger(__name__)
     out.mkdir(parents=True)
     started = time.monotonic()
-    with _executor(ctx.executor) as pool:
-        run = IngestRun(params, out, ctx.progress, ctx.log)
+    with _executor(executor) as pool:
+        run = IngestRun(parsed, out, progress or StageProgress(), log)
         units = run.plan(pool)
         rows = run.execute(pool, units)
     if rows == 0:
         raise ValueError(f"{key}: the sources hold no data rows")
-    seconds = time.monotonic() - started
-    ctx.log.info("ingested %d rows in %d parts from %d source(s): %.1f MB in %.1f s (%.1f MB/s), %d retries",
-                 rows, len(units), len(params.sources), run.meter.bytes / _MB, seconds,
-                 run.meter.bytes / _MB / max(seconds, 1e-9), run.retries)
+    done = Ingested(rows, len(units), len(parsed.sources), run.meter.bytes, time.monotonic() - started, run.retries)
+    log.info("ingested %d rows in %d parts from %d source(s): %.1f MB in %.1f s (%.1f MB/s), %d retries",
+             done.rows, done.parts, done.sources, done.bytes / _MB, done.seconds,
+             done.bytes / _MB / max(done.seconds, 1e-9), done.retries)
+    return done
 
 
 class IngestRun:
@@ -300,13 +318,6 @@ def run_all(pool: Executor, fns: Sequence[Callable[[], T]], cancel: threading.Ev
 
 def _where(file: RemoteFile) -> str:
     return "" if file.location == file.url else f"{file.location}: "
-
-
-def _out_dir(ctx: StageContext) -> Path:
-    """``data/raw``, or the stage's only out when it declares another path."""
-    if "data/raw" not in ctx.outs and len(ctx.outs) == 1:
-        return next(iter(ctx.outs.values()))
-    return ctx.out("data/raw")
 
 
 class Meter:

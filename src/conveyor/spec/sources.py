@@ -49,11 +49,18 @@ def task_problem(root: Path, task: str, packages: Sequence[str]) -> str | None:
     path = module_file(root, module)
     if path is None:
         return f"unknown task '{task}': module '{module}' not found under {root}"
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    try:
+        tree = _parse(path)
+    except SyntaxError as exc:
+        return f"task '{task}': {exc.filename}:{exc.lineno}: {exc.msg}; fix the module"
     defined = sorted(_top_level_names(tree))
     if function not in defined:
         return f"unknown task '{task}': no function '{function}' in {path.name}{did_you_mean(function, defined)}"
     return None
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_bytes(), filename=str(path))
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -80,7 +87,11 @@ def local_sources(root: Path, module: str, packages: Sequence[str]) -> set[Path]
             continue
         seen.add(path)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        try:
+            tree = _parse(path)
+        except SyntaxError:
+            continue  # the module itself is in the set; what it imports cannot be known
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
                     if node.level else (node.module or "")

@@ -1,0 +1,115 @@
+"""xgboost.dask on the stage's cluster: one booster trained by every worker, reproducibly.
+
+:func:`train_xgboost` takes dask DataFrames, pins one contiguous range of rows to each
+worker in xgboost's rank order, holds the cluster's collective lock while xgboost's
+ranks wait on each other, and returns the booster cut at its best round with the
+evaluation history. The same seed, data and cluster size give the same booster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from conveyor.train.collective import collective_job
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    import xgboost as xgb
+    from distributed import Client
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A booster cut at its best round, and how training went."""
+
+    booster: xgb.Booster
+    best_iteration: int
+    rounds: int  # boosting rounds run (early stopping ends them before num_boost_round)
+    history: Mapping[str, Mapping[str, list[float]]]  # {"valid": {"logloss": [...]}}
+    n_workers: int
+
+
+def train_xgboost(client: Client, params: Mapping[str, Any], train: dd.DataFrame, *, label: str,
+                  features: Sequence[str] | None = None, valid: dd.DataFrame | None = None,
+                  num_boost_round: int = 100, early_stopping_rounds: int | None = None) -> Trained:
+    """Fit ``params`` (xgboost's own) on ``train``; evaluated and early-stopped on ``valid`` when given."""
+    import xgboost as xgb
+    import xgboost.dask
+
+    columns = list(features) if features is not None else [c for c in train.columns if c != label]
+    workers = workers_in_rank_order(client)
+    train = pinned(client, train[[*columns, label]], workers)
+    evals = []
+    dtrain = xgb.dask.DaskDMatrix(client, train[columns], train[label])
+    if valid is not None:
+        valid = pinned(client, valid[[*columns, label]], workers)
+        evals = [(xgb.dask.DaskDMatrix(client, valid[columns], valid[label]), "valid")]
+    with collective_job(client):
+        result = xgb.dask.train(client, dict(params), dtrain, num_boost_round=num_boost_round, evals=evals,
+                                early_stopping_rounds=early_stopping_rounds if evals else None, verbose_eval=False)
+    booster, history = result["booster"], result["history"]
+    rounds = len(next(iter(history["valid"].values()))) if evals else num_boost_round
+    best = int(booster.best_iteration) if evals and early_stopping_rounds else rounds - 1
+    return Trained(booster[: best + 1], best, rounds, history, len(workers))
+
+
+def workers_in_rank_order(client: Client) -> list[str]:
+    """Worker addresses sorted the way xgboost.dask assigns Rabit ranks.
+
+    xgboost sorts its workers by the task id ``[xgboost.dask-{worker name}]:{address}``;
+    LocalCluster names are 0, 1, ... so this order is the same on every run.
+    """
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(info, key=lambda addr: f"[xgboost.dask-{info[addr]['name']}]:{addr}")
+
+
+def pinned(client: Client, frame: dd.DataFrame, workers: list[str]) -> dd.DataFrame:
+    """``frame`` as one partition per worker, partition i held by the worker of rank i.
+
+    Why: xgboost.dask trains each worker on the partitions it happens to hold, so the
+    quantile sketch merge and the order of histogram sums can depend on which rows went to
+    which rank, and left to the scheduler that is decided by timing. (Measured with
+    xgboost 3.2 hist on CPU: every placement we tried gave the same booster; xgboost does
+    not promise that, e.g. on GPUs.) Pinning a fixed, contiguous range of rows to each rank
+    removes the question. It also makes features and label one materialised frame:
+    projected separately, dask-expr may fuse the narrow label read into fewer partitions
+    (12 feature partitions vs 3 label partitions), which xgboost rejects.
+    """
+    import dask.dataframe as dd
+    from distributed import wait
+
+    parts = frame.repartition(npartitions=len(workers)).to_delayed()
+    futures = [
+        client.compute(part, workers=[worker], allow_other_workers=False)
+        for part, worker in zip(parts, workers, strict=True)
+    ]
+    wait(futures)
+    result: dd.DataFrame = dd.from_delayed(futures, meta=dict(frame.dtypes), verify_meta=False)
+    return result
+
+
+@contextmanager
+def client_or_local(client: Client | None, *, n_workers: int = 2) -> Iterator[Client]:
+    """The stage's client, or a small in-process cluster for the duration of the call.
+
+    The private client is made current for this thread only, as the runner does with its
+    own: not the process-wide default, so other stages of this process keep theirs.
+    """
+    if client is not None:
+        yield client
+        return
+    from distributed import Client, LocalCluster
+
+    from conveyor.run.stage import current_client
+
+    with (
+        # in-process workers (no sockets); no dashboard, and its HTTP server on a free port
+        LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=False,
+                     dashboard_address=":0", scheduler_kwargs={"dashboard": False}) as cluster,
+        Client(cluster, set_as_default=False) as own,
+        current_client(own),
+    ):
+        yield own

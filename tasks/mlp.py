@@ -1,0 +1,133 @@
+"""The MLP: its params, and how it trains (in this process; :mod:`tasks.mlp_ddp` for DDP).
+
+Adam on mini-batches, early-stopped on the valid loss, best weights kept. Seeded, with
+deterministic kernels: a rerun on the same data gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from conveyor import StageProgress
+    from tasks.models import Split
+
+
+@dataclass(frozen=True)
+class MlpParams:
+    """The ``train.mlp`` params.
+
+    ``batch_size`` is the global batch: under DDP each of N ranks takes ``batch_size // N``
+    rows per step. The last two only matter under DDP: ``collective_timeout_s`` bounds the
+    rendezvous and every collective, ``fail_on_rank`` makes that rank raise at its first
+    step (fault injection, for tests of the failure path).
+    """
+
+    hidden: list[int]
+    learning_rate: float
+    weight_decay: float
+    batch_size: int
+    max_epochs: int
+    patience: int
+    collective_timeout_s: float = 300.0
+    fail_on_rank: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> MlpParams:
+        fail_on_rank = params.get("fail_on_rank")
+        return cls(
+            hidden=[int(n) for n in params["hidden"]],
+            learning_rate=float(params["learning_rate"]),
+            weight_decay=float(params.get("weight_decay", 0.0)),
+            batch_size=int(params["batch_size"]),
+            max_epochs=int(params["max_epochs"]),
+            patience=int(params["patience"]),
+            collective_timeout_s=float(params.get("collective_timeout_s", 300.0)),
+            fail_on_rank=None if fail_on_rank is None else int(fail_on_rank),
+        )
+
+
+@dataclass
+class FitResult:
+    """What an MLP fit reports: best weights, and the losses to judge it by."""
+
+    state: dict[str, torch.Tensor]
+    best_epoch: int
+    epochs: int
+    initial_valid_loss: float
+    best_valid_loss: float
+
+
+def tensors(split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features as float32 rows and the label as float32, as the MLP's loss wants them."""
+    import numpy as np
+    import torch
+
+    x = torch.tensor(split.features.to_numpy(dtype=np.float32))
+    return x, torch.tensor(split.label.astype(np.float32))
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the weights, safe from later optimiser steps."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def fit(
+    model: torch.nn.Sequential,
+    train: tuple[torch.Tensor, torch.Tensor],
+    valid: tuple[torch.Tensor, torch.Tensor],
+    params: MlpParams,
+    progress: StageProgress,
+) -> FitResult:
+    """Mini-batch Adam until valid loss has not improved for ``patience`` epochs."""
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    initial = best = _valid_loss(model, valid, loss_fn)
+    result = FitResult(snapshot(model), 0, 0, initial, best)
+    progress.start(params.max_epochs, unit="epochs", description="mlp")
+    for epoch in range(1, params.max_epochs + 1):
+        _train_epoch(model, train, optimizer, loss_fn, params.batch_size)
+        loss = _valid_loss(model, valid, loss_fn)
+        result.epochs = epoch
+        progress.advance(1)
+        if loss < result.best_valid_loss:
+            result.state, result.best_epoch, result.best_valid_loss = snapshot(model), epoch, loss
+        elif epoch - result.best_epoch >= params.patience:
+            break
+    return result
+
+
+def _train_epoch(
+    model: torch.nn.Sequential,
+    data: tuple[torch.Tensor, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    loss_fn: torch.nn.BCEWithLogitsLoss,
+    batch_size: int,
+) -> None:
+    """One pass over the rows in a seeded random order (torch's global RNG, forked)."""
+    import torch
+
+    x, y = data
+    model.train()
+    for batch in torch.split(torch.randperm(len(x)), batch_size):
+        optimizer.zero_grad()
+        loss_fn(model(x[batch]).squeeze(1), y[batch]).backward()
+        optimizer.step()
+
+
+def _valid_loss(
+    model: torch.nn.Sequential,
+    data: tuple[torch.Tensor, torch.Tensor],
+    loss_fn: torch.nn.BCEWithLogitsLoss,
+) -> float:
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return float(loss_fn(model(data[0]).squeeze(1), data[1]))
