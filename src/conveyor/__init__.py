@@ -1,13 +1,39 @@
 """conveyor: declarative ML pipelines run as Prefect flows on threads, Dask and GPUs, versioned with DVC.
 
-The public API a project's tasks and flows use is what this module exports; everything
-else is conveyor's own and may change between releases.
+The public API, for a project's tasks and flows:
+
+- ``StageContext``, ``StageProgress``: what a task ``fn(ctx) -> None`` receives;
+- ``run_stages``, ``retrain``, ``pipeline_run_name``, ``retrain_run_name``: what a project's
+  Prefect flows (``flows/``) call, inside a ``@flow``;
+- libraries for tasks: :mod:`conveyor.ingest` (many sources on a thread pool),
+  :mod:`conveyor.train` (xgboost.dask, torch DDP on Dask workers, deterministic seeds).
+
+The flow helpers import Prefect, so they load on first use: a task importing
+``StageContext`` pays for nothing else.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from conveyor.run.context import StageContext, StageProgress
 
-__all__ = ["StageContext", "StageProgress", "__version__"]
+if TYPE_CHECKING:
+    from conveyor.prefect.flow import pipeline_run_name, run_stages
+    from conveyor.prefect.retrain import retrain, retrain_run_name
+
+__all__ = ["StageContext", "StageProgress", "__version__", "pipeline_run_name", "retrain", "retrain_run_name",
+           "run_stages"]
 
 __version__ = "0.1.0"
+
+_LAZY = {"run_stages": "conveyor.prefect.flow", "pipeline_run_name": "conveyor.prefect.flow",
+         "retrain": "conveyor.prefect.retrain", "retrain_run_name": "conveyor.prefect.retrain"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'conveyor' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Everything runs as a user runs it: `conveyor deploy`, `prefect worker start`, `conveyor
 serve` and `prefect deployment run` as subprocesses, with this repository's prefect.yaml
-copied into a small project whose metric the test controls from params.yaml::
+and flows/ copied into a small project whose metric the test controls from params.yaml::
 
     ingest (io) ──► train ──► evaluate
     data/raw        models/stack.json   metrics/test.json {"stack": {"auc": <evaluate.auc>}}
@@ -77,6 +77,7 @@ stages:
 """
 
 RUN_DEADLINE_S = 150
+PIPELINE, RETRAIN = "breast-cancer/pipeline", "breast-cancer-retrain/retrain"  # the reference project's flows
 
 
 @dataclass
@@ -109,13 +110,14 @@ def project(make_project: Callable[[], Any]) -> Project:
 
 
 def toy(project: Project, *, auc: float = 0.80, dvc: bool = False) -> None:
-    """The toy pipeline with this repository's prefect.yaml; with ``dvc``, a git + DVC repo."""
+    """The toy pipeline with this repository's prefect.yaml and flows/; with ``dvc``, a git + DVC repo."""
     project.write("tasks/__init__.py", "")
     project.write("tasks/steps.py", TASKS)
     project.write("configs/pipeline.yaml", SPEC)
     project.write("source.txt", "1 2 3\n")
     set_params(project, auc=auc)
     shutil.copy(REPO / "prefect.yaml", project.root / "prefect.yaml")
+    shutil.copytree(REPO / "flows", project.root / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     if dvc:
         git = ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci"]
         for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["conveyor", "compile"], ["git", "add", "-A"],
@@ -223,16 +225,15 @@ def test_deploy_creates_the_pool_registers_both_deployments_and_a_worker_runs_th
     declared = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}
     with client(project) as api:
         assert api.read_work_pool("conveyor").type == "process"
-        pipeline = api.read_deployment_by_name("conveyor-pipeline/pipeline")
-        retrain = api.read_deployment_by_name("conveyor-retrain/retrain")
+        pipeline = api.read_deployment_by_name(PIPELINE)
+        retrain = api.read_deployment_by_name(RETRAIN)
     for deployment, name in ((pipeline, "pipeline"), (retrain, "retrain")):
         assert deployment.work_pool_name == "conveyor"
         assert deployment.parameters == declared[name]["parameters"]
         assert deployment.enforce_parameter_schema
         assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory":
                                           {"directory": str(project.root.resolve())}}]
-    assert (pipeline.entrypoint, retrain.entrypoint) == (
-        "conveyor.prefect.flow.pipeline_flow", "conveyor.prefect.deploy.retrain_flow")
+    assert (pipeline.entrypoint, retrain.entrypoint) == ("flows/pipeline.py:pipeline", "flows/retrain.py:retrain")
     assert pipeline.schedules == []
 
     # The retrain schedule: the server's next runs are the cron's next times, in its timezone.
@@ -241,7 +242,7 @@ def test_deploy_creates_the_pool_registers_both_deployments_and_a_worker_runs_th
     assert (schedule.schedule.cron, schedule.schedule.timezone) == (cron["cron"], cron["timezone"])
     assert schedule.active
     deadline = time.monotonic() + 60
-    while len(scheduled := deployment_runs(project, "conveyor-retrain/retrain", scheduled_only=True)) < 3:
+    while len(scheduled := deployment_runs(project, RETRAIN, scheduled_only=True)) < 3:
         assert time.monotonic() < deadline, (
             "the server scheduled no retrain runs within 60s; Prefect 3.8's scheduler fails on SQLAlchemy 2.1 "
             "('Can't evaluate bulk DML statement' in the server log): install sqlalchemy<2.1")
@@ -251,7 +252,7 @@ def test_deploy_creates_the_pool_registers_both_deployments_and_a_worker_runs_th
     assert starts == [next(expected) for _ in starts]
 
     # `prefect worker start --pool conveyor` runs a deployment run in the project directory.
-    flow_run_id = deployment_run(project, "conveyor-pipeline/pipeline")
+    flow_run_id = deployment_run(project, PIPELINE)
     worker = subprocess.run(["prefect", "worker", "start", "--pool", "conveyor", "--run-once"], cwd="/",
                             env=project.env, capture_output=True, text=True, timeout=RUN_DEADLINE_S)
     run = wait_final(project, flow_run_id, deadline_s=30)
@@ -328,8 +329,8 @@ def _wait_polled(project: Project, proc: subprocess.Popen[bytes], log: Path, sin
         assert proc.poll() is None, f"conveyor serve exited {proc.returncode}:\n{log.read_text()}"
         with client(project) as api:
             try:
-                polled = [api.read_deployment_by_name(n) for n in ("conveyor-pipeline/pipeline",
-                                                                    "conveyor-retrain/retrain")]
+                polled = [api.read_deployment_by_name(n) for n in (PIPELINE,
+                                                                    RETRAIN)]
             except Exception:  # not registered yet
                 polled = []
         if polled and all(d.last_polled and d.last_polled > since and not d.pull_steps for d in polled):
@@ -341,7 +342,7 @@ def _wait_polled(project: Project, proc: subprocess.Popen[bytes], log: Path, sin
 @pytest.mark.slow
 def test_a_served_pipeline_deployment_run_completes_with_its_summary(served: Served) -> None:
     project = served.project
-    flow_run_id = deployment_run(project, "conveyor-pipeline/pipeline")
+    flow_run_id = deployment_run(project, PIPELINE)
     run = wait_final(project, flow_run_id)
     assert run.state.is_completed(), f"{run.state.message}\n{served.log.read_text()[-3000:]}"
     assert run.name.startswith("toy-")
@@ -357,7 +358,7 @@ def test_retraining_promotes_only_a_better_challenger_and_a_failure_keeps_the_ch
     assert not (project.root / "models/registry.json").exists()
 
     def retrain(*params: str, completed: bool = True) -> tuple[str, dict[str, Any]]:
-        flow_run_id = deployment_run(project, "conveyor-retrain/retrain", *params)
+        flow_run_id = deployment_run(project, RETRAIN, *params)
         run = wait_final(project, flow_run_id)
         assert run.state.is_completed() is completed, f"{run.state.message}\n{served.log.read_text()[-3000:]}"
         assert run.name.startswith("toy-retrain-")
@@ -416,16 +417,16 @@ def test_retraining_promotes_only_a_better_challenger_and_a_failure_keeps_the_ch
 @pytest.mark.slow
 def test_deployment_parameters_that_fail_validation_are_rejected_before_anything_runs(served: Served) -> None:
     project = served.project
-    runs_before = len(deployment_runs(project, "conveyor-pipeline/pipeline"))
+    runs_before = len(deployment_runs(project, PIPELINE))
 
     # Mistyped: the server refuses to create the run (the deployments enforce their parameter schema).
-    done = prefect(project, "deployment", "run", "conveyor-pipeline/pipeline", "--param", "force=maybe")
+    done = prefect(project, "deployment", "run", PIPELINE, "--param", "force=maybe")
     assert done.returncode == 1
     assert "Validation failed for field 'force'" in done.stdout and "'maybe' is not of type 'boolean'" in done.stdout
-    done = prefect(project, "deployment", "run", "conveyor-retrain/retrain", "--param", "direction=up")
+    done = prefect(project, "deployment", "run", RETRAIN, "--param", "direction=up")
     assert done.returncode == 1
     assert "'up' is not one of ['max', 'min']" in done.stdout
-    assert len(deployment_runs(project, "conveyor-pipeline/pipeline")) == runs_before
+    assert len(deployment_runs(project, PIPELINE)) == runs_before
 
     # Well typed but not in the spec: the flow run fails with conveyor's message before any stage runs.
     latest = project.root / ".conveyor/runs/latest.json"
@@ -433,8 +434,8 @@ def test_deployment_parameters_that_fail_validation_are_rejected_before_anything
     book = project.root / "models/registry.json"
     book_before = book.read_text() if book.exists() else None
     for name, param, message in [
-        ("conveyor-pipeline/pipeline", 'stages=["trian"]', "unknown stage(s): trian (did you mean 'train'?)"),
-        ("conveyor-retrain/retrain", "metric=metrics/nope.json:auc",
+        (PIPELINE, 'stages=["trian"]', "unknown stage(s): trian (did you mean 'train'?)"),
+        (RETRAIN, "metric=metrics/nope.json:auc",
          "metric file 'metrics/nope.json' is not written by any stage of configs/pipeline.yaml"),
     ]:
         flow_run_id = deployment_run(project, name, param)
@@ -474,7 +475,7 @@ def toy_project(tmp_path: Path) -> Any:
 def test_retrain_parameters_are_checked_against_the_spec(toy_project: Any, change: dict[str, Any],
                                                          message: str) -> None:
     from conveyor.errors import ConveyorError
-    from conveyor.prefect.deploy import retrain_plan
+    from conveyor.prefect.retrain import retrain_plan
 
     params: dict[str, Any] = {"ingest": ["ingest"], "metric": "metrics/test.json:stack.auc", "direction": "max",
                               "min_delta": 0.0, "model": "models/stack.json", "registry": "models/registry.json",
@@ -484,7 +485,7 @@ def test_retrain_parameters_are_checked_against_the_spec(toy_project: Any, chang
 
 
 def test_retrain_forces_the_source_stages_by_default(toy_project: Any) -> None:
-    from conveyor.prefect.deploy import retrain_plan
+    from conveyor.prefect.retrain import retrain_plan
 
     plan = retrain_plan(toy_project, ingest=None, metric="metrics/test.json:stack.auc", direction="min",
                         min_delta=0.5, model="models/stack.json", registry="models/registry.json")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +146,8 @@ def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunVi
     return outcome
 
 
-def _flow_run_name() -> str:
+def pipeline_run_name() -> str:
+    """``<pipeline>-<date>-<time>``: a flow run name for a flow with a ``spec`` parameter."""
     params = flow_run.parameters
     try:
         project = load_project(resolve_spec(Path(params.get("spec") or "configs/pipeline.yaml")))
@@ -176,15 +177,25 @@ def _summary_markdown(run: RunRecord) -> str:
     ])
 
 
-@flow(name="conveyor-pipeline", flow_run_name=_flow_run_name, persist_result=False, log_prints=True)
-def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
-                  downstream: bool = False, force: bool = False,
-                  profile: dict[str, str] | None = None) -> State[Any]:
-    """Run a conveyor pipeline: the stages of ``spec`` (or a selection) as Prefect tasks."""
+def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | None = None,
+               downstream: bool = False, force: bool = False, profile: Mapping[str, str] | None = None) -> State[Any]:
+    """Inside a Prefect flow: run the pipeline of ``spec`` (or a selection), each stage a task run.
+
+    ``stages``, ``downstream``, ``force`` and ``profile`` mean what ``conveyor run`` means by
+    them. Returns the flow run's end state (Failed when a stage failed), carrying the run record.
+    """
     project = load_project(resolve_spec(Path(spec)))
     options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}))
     check_options(project, options)
     return final_state(run_in_flow(project, options))
+
+
+@flow(name="conveyor-pipeline", flow_run_name=pipeline_run_name, persist_result=False, log_prints=True)
+def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
+                  downstream: bool = False, force: bool = False,
+                  profile: dict[str, str] | None = None) -> State[Any]:
+    """Run a conveyor pipeline: :func:`run_stages` as a flow (``conveyor run`` runs this one)."""
+    return run_stages(spec, stages=stages, downstream=downstream, force=force, profile=profile)
 
 
 def run_in_flow(project: Project, options: RunOptions) -> RunRecord:
