@@ -181,6 +181,19 @@ def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], 
 
 
 @app.command()
+def init(directory: Annotated[Path, typer.Argument(help="Where to make the project (new or empty).")] = Path(".")
+         ) -> None:
+    """Make a new project that runs at once: a task stage, a cmd stage, tests, Prefect flows, git and DVC."""
+    from conveyor.scaffold import init_project
+
+    root = init_project(directory)
+    shown = directory if not directory.is_absolute() else root
+    out.print(f"made the conveyor project {root.name} in {root} (git and DVC initialised)\n"
+              f"next:\n  cd {shown}\n  conveyor run          # run the pipeline\n"
+              f"  python -m pytest      # the project's tests", highlight=False)
+
+
+@app.command()
 def deploy() -> None:
     """Register the prefect.yaml deployments (pipeline, retrain); create their process work pool if missing."""
     from conveyor.prefect.deploy import deploy_all

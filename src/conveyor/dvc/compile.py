@@ -81,7 +81,7 @@ def _relative_to(wdir: str | None) -> Any:
 
 def render(project: Project) -> str:
     """The text of ``dvc.yaml``: a header naming the spec, then the stages."""
-    text = yaml.safe_dump(compile_stages(project), sort_keys=False, width=120)
+    text = yaml.safe_dump(compile_stages(project), sort_keys=False, width=10_000)
     return HEADER.format(spec=project.rel(project.spec_path)) + text
 
 

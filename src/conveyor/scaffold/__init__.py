@@ -1,0 +1,83 @@
+"""``conveyor init``: a new project that runs green at once.
+
+The project is made from ``template/`` (a task stage, a cmd stage, params, a spec with a
+threads and a dask profile, Prefect flows and prefect.yaml, tests), named after its
+directory. Then git is initialised (unless the directory is inside a repository already),
+DVC too (``--subdir`` inside one), and dvc.yaml is compiled from the spec, so that
+``conveyor run``, ``dvc repro`` and ``python -m pytest`` all work in it at once.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from conveyor.errors import UsageError
+
+TEMPLATE = Path(__file__).with_name("template")
+PLACEHOLDER = "__project__"
+RENAMED = {"gitignore": ".gitignore"}  # a dotfile would not travel in the wheel's package data
+
+
+def project_name(folder: str) -> str:
+    """A pipeline name from a directory name: letters, digits, ``_`` and ``-``, starting with a letter."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", folder).strip("-_")
+    name = re.sub(r"^[^A-Za-z]+", "", name)
+    return name or "project"
+
+
+def init_project(target: Path) -> Path:
+    """Make a project in ``target`` (new, or an empty directory); returns its absolute path."""
+    target = target.resolve()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"{target} is not empty: conveyor init makes a project in a new or empty directory "
+                         "(pass another DIR)")
+    if shutil.which("git") is None:
+        raise UsageError("conveyor init needs git (DVC versions the project's data through it): install git")
+    _copy_template(target, project_name(target.name))
+    repository = _git_toplevel(target)
+    if repository is None:
+        subprocess.run(["git", "init", "-q"], cwd=target, check=True)
+    _init_dvc(target, subdir=repository is not None)
+    _compile(target)
+    return target
+
+
+def _copy_template(target: Path, name: str) -> None:
+    for source in sorted(TEMPLATE.rglob("*")):
+        rel = source.relative_to(TEMPLATE)
+        if "__pycache__" in rel.parts or source.is_dir():
+            continue
+        path = target / rel.parent / RENAMED.get(rel.name, rel.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source.read_text(encoding="utf-8").replace(PLACEHOLDER, name), encoding="utf-8")
+
+
+def _git_toplevel(folder: Path) -> Path | None:
+    done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
+                          check=False)
+    return Path(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def _init_dvc(root: Path, *, subdir: bool) -> None:
+    import logging
+
+    from dvc.repo import Repo
+
+    dvc_log = logging.getLogger("dvc")
+    level = dvc_log.level
+    dvc_log.setLevel(logging.WARNING)  # its "Initialized DVC repository" lines: conveyor says what it made
+    try:
+        Repo.init(str(root), subdir=subdir).close()
+    finally:
+        dvc_log.setLevel(level)
+
+
+def _compile(root: Path) -> None:
+    from conveyor.dvc.compile import dvc_yaml, render
+    from conveyor.spec.project import DEFAULT_SPEC, load_project
+
+    project = load_project(root / DEFAULT_SPEC)
+    dvc_yaml(project).write_text(render(project), encoding="utf-8")

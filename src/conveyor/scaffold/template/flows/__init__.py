@@ -1,0 +1,1 @@
+"""The project's Prefect flows: the entrypoints prefect.yaml deploys."""

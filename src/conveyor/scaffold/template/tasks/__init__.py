@@ -1,0 +1,1 @@
+"""The project's stages: plain functions ``fn(ctx: StageContext) -> None``."""

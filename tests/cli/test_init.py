@@ -1,0 +1,94 @@
+"""`conveyor init`, as a new user runs it: a project outside this repository that runs green at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
+        tmp_path: Path, prefect_server: dict[str, str]) -> None:
+    assert not tmp_path.is_relative_to(REPO)
+    env = {**os.environ, **prefect_server}
+
+    made = run(["conveyor", "init", "myproj"], tmp_path, env)
+    assert made.returncode == 0, made.stderr
+    assert "made the conveyor project myproj" in made.stdout and "cd myproj" in made.stdout
+    root = tmp_path / "myproj"
+    assert (root / ".git").is_dir() and (root / ".dvc").is_dir()
+    assert run(["conveyor", "compile", "--check"], root, env).returncode == 0
+
+    first = run(["conveyor", "run"], root, env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    record = json.loads((root / ".conveyor/runs/latest.json").read_text())
+    assert {n: s["status"] for n, s in record["stages"].items()} == {
+        "make_data": "succeeded", "featurize": "succeeded", "train": "succeeded"}
+    assert {n: s["profile"] for n, s in record["stages"].items()} == {
+        "make_data": "io", "featurize": "cpu", "train": "local"}
+    assert json.loads((root / "metrics/train.json").read_text())["r2"] > 0.95
+    assert "ridge alpha=1.0: test r2" in (root / f".conveyor/logs/{record['run_id']}/train.log").read_text()
+
+    second = run(["conveyor", "run"], root, env)
+    assert second.returncode == 0, second.stderr
+    record = json.loads((root / ".conveyor/runs/latest.json").read_text())
+    assert {s["status"] for s in record["stages"].values()} == {"skipped"}
+    dvc = run(["dvc", "status"], root, env)
+    assert dvc.returncode == 0 and "Data and pipelines are up to date." in dvc.stdout, dvc.stdout + dvc.stderr
+
+    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+    types = run([sys.executable, "-m", "mypy", "tasks", "flows", "scripts", "tests"], root, env)
+    assert types.returncode == 0, types.stdout
+
+
+def test_init_refuses_a_directory_that_is_not_empty(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+
+    done = run(["conveyor", "init", "taken"], tmp_path)
+
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip() == (f"{tmp_path / 'taken'} is not empty: conveyor init makes a project in a new "
+                                   "or empty directory (pass another DIR)")
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
+
+
+def test_init_inside_a_git_repository_makes_a_dvc_subdirectory(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+
+    done = run(["conveyor", "init", "pipelines/churn"], tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / "pipelines" / "churn"
+    assert not (root / ".git").exists()  # the repository it is in is its repository
+    assert (root / ".dvc").is_dir() and not (tmp_path / ".dvc").exists()
+    assert run(["dvc", "root"], root).stdout.strip() == "."
+    assert run(["conveyor", "validate"], root).stdout.startswith("configs/pipeline.yaml: ok (3 stages, 2 profiles)")
+    assert "pipeline: churn" in (root / "configs/pipeline.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_only_the_conveyor_package(tmp_path: Path) -> None:
+    done = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("conveyor-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"conveyor", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "conveyor/py.typed" in names  # projects type-check against it
+    assert {"conveyor/scaffold/template/tasks/data.py", "conveyor/scaffold/template/gitignore"} <= set(names)
+    assert not any("__pycache__" in n for n in names)
