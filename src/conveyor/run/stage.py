@@ -90,7 +90,7 @@ class StageRunner:
         try:
             self._attempt(stage, resources, progress, record.attempts)
         except BaseException as exc:
-            record.trace = user_frames(exc, self.project.root)
+            record.trace = failure_detail(exc, self.project.root)
             if record.attempts <= spec.retries:
                 self.view.retrying(stage, record.attempts, short_error(exc))
             raise
@@ -181,6 +181,13 @@ def current_client(client: Any) -> Iterator[None]:
         yield
     finally:
         _current_client.reset(token)
+
+
+def failure_detail(exc: BaseException, root: Path) -> str:
+    """What to show under a failed stage: a command's last lines of stderr, or the task's own frames."""
+    if isinstance(exc, CommandFailed):
+        return "\n".join(f"  {line}" for line in exc.tail)
+    return user_frames(exc, root)
 
 
 def user_frames(exc: BaseException, root: Path) -> str:
