@@ -67,6 +67,9 @@ class StageRunner:
         self.project, self.profiles, self.force, self.run, self.view = project, profiles, force, run, view
         self.record, self.echo = record, echo
         self.journal = Journal(project.root)
+        # before any profile starts: a LocalCluster's worker processes inherit sys.path, and
+        # the functions a task sends them live in the project's packages
+        ensure_importable(project.root)
         self._mutex = threading.Lock()
         self._threads: dict[str, int] = {}
 
