@@ -234,3 +234,58 @@ def test_dvc_repro_on_a_fresh_clone_reproduces_the_committed_metrics(tmp_path: P
     assert plots.returncode == 0, plots.stderr
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "roc.png" in page
+
+
+CMD_SPEC = """
+pipeline: dvc-cmd
+stages:
+  make:
+    task: tasks.steps:write
+    params: [a]
+    outs: [out/a.json]
+  scale:
+    cmd:
+      - python ../scripts/scale.py ../out/a.json scaled.txt ${b.n}
+      - echo "scaled by ${b.n}"
+    wdir: work
+    deps: [out/a.json, scripts/scale.py]
+    outs: [work/scaled.txt]
+"""
+
+SCALE = '''
+import json, sys
+from pathlib import Path
+params = json.loads(Path(sys.argv[1]).read_text())["params"]
+Path(sys.argv[2]).write_text(str(params["a"]["n"] * int(sys.argv[3])) + "\\n")
+'''
+
+
+@pytest.mark.slow
+def test_a_cmd_stage_compiles_to_its_command_and_dvc_repro_runs_it_natively(
+        make_project: Callable[[], Project]) -> None:
+    """${b.n} stays for DVC to interpolate; paths become relative to wdir; after `dvc repro`
+    conveyor has nothing to do, and a changed param reruns the command under either tool."""
+    project = dvc_project(make_project)
+    project.write("configs/pipeline.yaml", CMD_SPEC)
+    project.write("scripts/scale.py", SCALE)
+    project.write("work/.gitkeep", "")
+    assert project.conveyor("compile").returncode == 0
+    compiled = yaml.safe_load((project.root / "dvc.yaml").read_text())["stages"]["scale"]
+    assert compiled == {"cmd": ["python ../scripts/scale.py ../out/a.json scaled.txt ${b.n}",
+                                'echo "scaled by ${b.n}"'],
+                        "wdir": "work", "deps": ["../out/a.json", "../scripts/scale.py"], "outs": ["scaled.txt"]}
+
+    repro = dvc(project, "repro")
+    assert "scaled by 2" in repro.stdout  # DVC ran the command itself, interpolated
+    assert (project.root / "work/scaled.txt").read_text() == "2\n"
+    assert project.conveyor("run").returncode == 0
+    assert set(statuses(project).values()) == {"skipped"}
+
+    project.write("params.yaml", "a: {n: 1}\nb: {n: 7}\n")
+    assert stale_in_dvc_status(project) == {"scale"}
+    assert project.conveyor("status").stdout.count("command changed") == 1
+    run = project.conveyor("run")
+    assert run.returncode == 0, run.stderr
+    assert statuses(project) == {"make": "skipped", "scale": "succeeded"}
+    assert (project.root / "work/scaled.txt").read_text() == "7\n"
+    assert stale_in_dvc_status(project) == set()

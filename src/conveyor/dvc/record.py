@@ -26,7 +26,7 @@ from conveyor.spec.project import Project, lookup
 def _reason(stage: str, entry: Any, code: set[str], project: Project, locked: Mapping[str, Any]) -> list[str]:
     """DVC's status entry for a stage, in conveyor's words."""
     if isinstance(entry, str):
-        return {"changed checksum": ["command or definition changed"],
+        return {"changed checksum": ["command or definition changed"], "changed command": ["command changed"],
                 "always changed": ["always changed"]}.get(entry, [entry])
     reasons: list[str] = []
     for kind, changes in entry.items():
