@@ -1,4 +1,4 @@
-"""ingest-concurrency: ``conveyor.ingest.fetch:fetch`` over HTTP with latency, 1 transfer at a time vs 8.
+"""ingest-concurrency: ``tasks.ingest:fetch`` (conveyor.ingest) over HTTP with latency, 1 transfer at a time vs 8.
 
 Many small CSV sources behind a server that answers each request 100 ms late: the
 ingest is waiting, not computing, so a thread pool of 8 should finish several times
@@ -49,7 +49,7 @@ def ingest_params(urls: list[str]) -> dict[str, Any]:
 def run(config: Config, log: Callable[[str], None]) -> Result:
     import pandas as pd
 
-    from conveyor.ingest.fetch import fetch as ingest_fetch
+    from tasks.ingest import fetch as ingest_fetch
 
     sources, rows_per_source = (12, 1000) if config.quick else (24, 2000)
     repeats = config.reps(full=5, quick=3)

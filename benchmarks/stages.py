@@ -10,7 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.run.context import StageContext
+from conveyor import StageContext
 
 if TYPE_CHECKING:
     import pandas as pd
