@@ -138,6 +138,11 @@ def test_a_cmd_on_a_dask_worker_and_a_local_cmd_run_and_are_recorded(make_projec
     assert outs(project)["report"] == "150\n"
     assert not project.tagged_processes()
 
+    single = project.conveyor("exec", "double")  # what dvc repro would call for a task; a cmd runs the same way
+    assert single.returncode == 0, single.stderr
+    assert "double: wrote 15" in single.stdout  # the command's output on the terminal
+    assert not project.tagged_processes()
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "mode", "error"), [

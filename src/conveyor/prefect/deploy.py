@@ -28,7 +28,7 @@ from prefect.deployments.runner import RunnerDeployment
 from conveyor.errors import ConveyorError, DeployError
 from conveyor.prefect.flow import RunOptions, check_options
 from conveyor.prefect.retrain import retrain_plan
-from conveyor.spec.project import load_project, resolve_spec
+from conveyor.spec.project import ensure_importable, load_project, resolve_spec
 
 PREFECT_FILE = "prefect.yaml"
 
@@ -230,16 +230,37 @@ def serve_all(root: Path, limit: int = 1) -> None:
 
 
 def _served(root: Path, entry: DeploymentEntry) -> RunnerDeployment:
-    """The prefect.yaml entry as a deployment for ``serve`` (no work pool, no pull steps)."""
+    """The prefect.yaml entry as a deployment for ``serve`` (no work pool, no pull steps).
+
+    A file of the project (``flows/pipeline.py:pipeline``) is served by its module path
+    (``flows.pipeline.pipeline``): served runs start in the project root, where it imports,
+    and a module entrypoint needs no code storage. (A file entrypoint would take the
+    deployment's ``path``, which Prefect leaves empty when ``conveyor deploy`` registered the
+    same deployment on a work pool before.)
+    """
+    from prefect.flows import load_flow_from_entrypoint
     from prefect.types.entrypoint import EntrypointType
 
     target = check_entry(root, entry)
-    kind = EntrypointType.FILE_PATH if ":" in entry.entrypoint else EntrypointType.MODULE_PATH
+    module = _module_entrypoint(root, entry.entrypoint)
+    if module is not None:
+        ensure_importable(root)
+        target = load_flow_from_entrypoint(module, use_placeholder_flow=False)
     deployment = target.to_deployment(
         name=entry.name, parameters=dict(entry.parameters), schedules=schedules_of(entry),
         description=entry.description, tags=list(entry.tags), paused=entry.paused,
         concurrency_limit=entry.concurrency_limit, enforce_parameter_schema=entry.enforce_parameter_schema,
-        entrypoint_type=kind)
+        entrypoint_type=EntrypointType.FILE_PATH if ":" in (module or entry.entrypoint) else EntrypointType.MODULE_PATH)
     if not isinstance(deployment, RunnerDeployment):  # to_deployment is awaitable only in async code
         raise DeployError(f"{PREFECT_FILE} deployment '{entry.name}': could not be built for serving")
     return deployment
+
+
+def _module_entrypoint(root: Path, entrypoint: str) -> str | None:
+    """``flows/pipeline.py:pipeline`` as ``flows.pipeline.pipeline``, for a .py file inside ``root``."""
+    path, sep, name = entrypoint.rpartition(":")
+    file = (root / path).resolve()
+    if not sep or file.suffix != ".py" or not file.is_relative_to(root.resolve()):
+        return None
+    parts = [*file.relative_to(root.resolve()).with_suffix("").parts, name]
+    return ".".join(parts) if all(part.isidentifier() for part in parts) else None
