@@ -1,14 +1,17 @@
-"""Stages running at once, each computing on its own Dask client, leave no global state behind."""
+"""The stage runner's pieces: outs checked after a stage, and Dask clients that leave no global state."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import dask
 import dask.array as da
+import pytest
 from distributed import Client, LocalCluster
 
-from conveyor.run.stage import current_client
+from conveyor.errors import MissingOutputError
+from conveyor.run.stage import check_outs, current_client
 
 
 def test_concurrent_stages_each_use_their_client_and_leave_dask_config_alone() -> None:
@@ -38,3 +41,14 @@ def test_concurrent_stages_each_use_their_client_and_leave_dask_config_alone() -
         assert seen == {"a": one.scheduler_address, "b": two.scheduler_address}
     assert dask.config.get("scheduler", None) == before
     assert int(da.ones(4, chunks=2).sum().compute()) == 4  # no client: the local scheduler, not an error
+
+
+def test_a_declared_out_the_stage_did_not_write_is_named_with_where_it_was_expected(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models/a.json").write_text("{}")
+    with pytest.raises(MissingOutputError) as info:
+        check_outs(tmp_path, "train", ["models/a.json", "metrics/b.json", "data/c"])
+    assert str(info.value) == (f"stage 'train' failed: did not write its declared outs: 'metrics/b.json' (expected "
+                               f"at {tmp_path / 'metrics/b.json'}), 'data/c' (expected at {tmp_path / 'data/c'})")
+    with pytest.raises(MissingOutputError, match=r"did not write its declared out 'data/c' \(expected at "):
+        check_outs(tmp_path, "train", ["data/c"])

@@ -53,8 +53,9 @@ def check_outs(root: Path, stage: str, declared: Sequence[str]) -> None:
     """Every declared out was written; else an error naming each missing one and where it was expected."""
     missing = [rel for rel in declared if not (root / rel).exists() and not (root / rel).is_symlink()]
     if missing:
-        listed = "; ".join(f"'{rel}' (expected at {root / rel})" for rel in missing)
-        raise MissingOutputError(stage, f"did not write the declared out {listed}")
+        listed = ", ".join(f"'{rel}' (expected at {root / rel})" for rel in missing)
+        outs = "out" if len(missing) == 1 else "outs:"
+        raise MissingOutputError(stage, f"did not write its declared {outs} {listed}")
 
 
 class StageRunner:

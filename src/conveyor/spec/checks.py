@@ -131,7 +131,7 @@ class _References:
             if problem:
                 self.issue(("stages", name, "task"), problem)
         wdir = body.get("wdir")
-        if isinstance(wdir, str):
+        if isinstance(wdir, str) and body.get("cmd") is not None:
             problem = path_problem(wdir)
             if problem is None and not (self.root / wdir).is_dir():
                 problem = f"'{wdir}' is not a directory of the project (a cmd runs in it)"
