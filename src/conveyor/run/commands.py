@@ -15,6 +15,7 @@ reaches the worker with ``Client.run``.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 import subprocess
@@ -176,7 +177,10 @@ def _reader(stream: IO[bytes] | None, name: str, sink: Sink, tail: collections.d
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 if tail is not None:
                     tail.append(line)
-                sink(name, line)
+                try:
+                    sink(name, line)
+                except Exception:  # keep draining: a full pipe would block the command
+                    logging.getLogger(__name__).exception("could not hand on a line of %s", name)
 
     thread = threading.Thread(target=pump, name=f"conveyor-{name}", daemon=True)
     thread.start()
