@@ -187,10 +187,10 @@ def init(directory: Annotated[Path, typer.Argument(help="Where to make the proje
     from conveyor.scaffold import init_project
 
     root = init_project(directory)
-    shown = directory if not directory.is_absolute() else root
-    out.print(f"made the conveyor project {root.name} in {root} (git and DVC initialised)\n"
-              f"next:\n  cd {shown}\n  conveyor run          # run the pipeline\n"
-              f"  python -m pytest      # the project's tests", highlight=False)
+    cd = "" if root == Path.cwd().resolve() else f"  cd {directory}\n"
+    out.print(f"made the conveyor project {root.name} in {root} (git and DVC initialised)\nnext:\n{cd}"
+              "  conveyor run          # run the pipeline\n  python -m pytest      # the project's tests",
+              highlight=False)
 
 
 @app.command()
