@@ -20,7 +20,6 @@ from conveyor.spec.models import Stage, did_you_mean
 from conveyor.spec.sources import task_problem
 from conveyor.spec.yamlmap import Key, LoadedYaml
 
-GRAPH_FIELDS = ("needs", "deps", "outs", "metrics")
 PATH_FIELDS = ("deps", "outs", "metrics")
 
 

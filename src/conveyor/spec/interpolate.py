@@ -64,10 +64,6 @@ def interpolate(text: str, params: Mapping[str, Any]) -> str:
     return PLACEHOLDER.sub(value_of, text)
 
 
-def has_placeholder(text: str) -> bool:
-    return any(not m.group(1) for m in PLACEHOLDER.finditer(text))
-
-
 def interpolate_stage(body: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[dict[str, Any], list[
         tuple[tuple[str | int, ...], str]]]:
     """A stage's raw body with its ``FIELDS`` interpolated, and the problems found.
