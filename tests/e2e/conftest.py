@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,17 @@ class Project:
     def record(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.root / ".conveyor/runs/latest.json").read_text())
         return data
+
+    def left_running(self, grace_s: float = 3.0) -> list[psutil.Process]:
+        """Processes of this project's runs still alive ``grace_s`` after the run ended.
+
+        A grace, not zero: Python's multiprocessing resource tracker (started by loky and
+        Dask) exits only when the runner's end of its pipe closes, a few milliseconds after it.
+        """
+        deadline = time.monotonic() + grace_s
+        while (left := self.tagged_processes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
 
     def tagged_processes(self) -> list[psutil.Process]:
         """Processes started by this project's runs (they inherit its tag), still alive."""

@@ -134,14 +134,14 @@ def test_a_cmd_on_a_dask_worker_and_a_local_cmd_run_and_are_recorded(make_projec
     set_params(project, double=3)  # the interpolated command changes: double and what follows rerun
     assert project.conveyor("run").returncode == 0
     assert statuses(project) == {"source": "skipped", "double": "succeeded", "report": "succeeded"}
-    assert project.record()["stages"]["double"]["reason"] == "params changed: double.factor; command changed"
+    assert project.record()["stages"]["double"]["reason"] == "params changed: double.factor 2 → 3; command changed"
     assert outs(project)["report"] == "150\n"
-    assert not project.tagged_processes()
+    assert not project.left_running()
 
     single = project.conveyor("exec", "double")  # what dvc repro would call for a task; a cmd runs the same way
     assert single.returncode == 0, single.stderr
     assert "double: wrote 15" in single.stdout  # the command's output on the terminal
-    assert not project.tagged_processes()
+    assert not project.left_running()
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_a_failed_stage_leaves_its_previous_outs(make_project: Callable[[], Proj
     assert error in done.stderr.replace("│", "")  # the summary's error column may wrap; the message is whole
     assert (project.root / OUTS[stage]).read_text() == before[stage]  # never "partial"
     assert not list((project.root / ".conveyor/journal").iterdir())
-    assert not project.tagged_processes()
+    assert not project.left_running()
 
 
 def popen_run(project: Project) -> subprocess.Popen[bytes]:
@@ -218,4 +218,4 @@ def test_kill_9_of_the_runner_mid_write(make_project: Callable[[], Project], sta
     order = list(OUTS)
     expected = {s: "skipped" if order.index(s) < order.index(stage) else "succeeded" for s in order}
     assert statuses(project) == expected
-    assert not project.tagged_processes()
+    assert not project.left_running()

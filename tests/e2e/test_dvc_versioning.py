@@ -348,7 +348,7 @@ def test_checkout_of_an_older_commit_brings_back_its_outs(versioned: Project) ->
 
     set_params(project, n=9, scale=2)
     run_all(project, "succeeded")
-    assert project.record()["stages"]["make"]["reason"] == "params changed: make.n"
+    assert project.record()["stages"]["make"]["reason"] == "params changed: make.n 5 → 9"
     assert_dvc_clean(project)
     git(project, "add", "params.yaml", "dvc.lock", METRICS)
     git(project, "commit", "-qm", "run 2")
@@ -385,7 +385,7 @@ def test_dvc_metrics_show_and_diff_read_what_the_pipeline_wrote(versioned: Proje
 
     set_params(project, n=5, scale=3)
     run(project, make="skipped", featurize="skipped", score="succeeded")
-    assert project.record()["stages"]["score"]["reason"] == "params changed: score.scale"
+    assert project.record()["stages"]["score"]["reason"] == "params changed: score.scale 2 → 3"
     assert_dvc_clean(project)
     assert dvc_json(project, "metrics", "diff") == {METRICS: {"score": {"old": 20, "new": 30, "diff": 10}}}
     table = dvc(project, "metrics", "diff")

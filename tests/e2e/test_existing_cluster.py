@@ -62,4 +62,4 @@ def test_reference_pipeline_on_an_existing_cluster(reference_project: Project, d
         after = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
         assert after - before > 100
         assert set(client.scheduler_info(n_workers=-1)["workers"]) == workers
-    assert not project.tagged_processes()  # the run started no process that outlived it
+    assert not project.left_running()  # the run started no process that outlived it

@@ -111,7 +111,7 @@ def test_independent_branches_run_at_the_same_time(make_project: Callable[[], Pr
     assert record["critical_path_s"] <= record["stage_sum_s"]
     assert record["speedup"] == pytest.approx(record["stage_sum_s"] / record["wall_s"], rel=1e-2)
     assert (project.root / "out/d.txt").read_text() == "160000 2"
-    assert not project.tagged_processes(), "a Dask worker outlived the run"
+    assert not project.left_running(), "a Dask worker outlived the run"
 
 
 @pytest.mark.slow
@@ -130,14 +130,14 @@ def test_second_run_skips_force_reruns_and_status_says_why(make_project: Callabl
     lines = {line.split()[1]: line for line in status.stdout.splitlines() if line.strip()[1:3] in
              {" a", " b", " c", " d"}}
     assert "up to date" in lines["a"] and "up to date" in lines["c"]
-    assert "params changed: b.n" in lines["b"]
+    assert "params changed: b.n 2 → 3" in lines["b"]
     assert "upstream 'b' is stale" in lines["d"]
 
     assert project.conveyor("run").returncode == 0
     stages = project.record()["stages"]
     assert {n: s["status"] for n, s in stages.items()} == {
         "a": "skipped", "b": "succeeded", "c": "skipped", "d": "succeeded"}
-    assert stages["b"]["reason"] == "params changed: b.n"
+    assert stages["b"]["reason"] == "params changed: b.n 2 → 3"
 
     assert project.conveyor("run", "c", "--force").returncode == 0
     stages = project.record()["stages"]
@@ -199,7 +199,7 @@ def test_failed_dask_stage_leaves_no_worker(make_project: Callable[[], Project])
     diamond(project, b="write", c="write", d="fail")
     assert project.conveyor("run").returncode == 1
     assert project.record()["stages"]["d"]["status"] == "failed"
-    assert not project.tagged_processes(), "a Dask worker outlived the failed run"
+    assert not project.left_running(), "a Dask worker outlived the failed run"
 
 
 @pytest.mark.slow
@@ -221,7 +221,7 @@ def test_interrupt_stops_the_cluster(make_project: Callable[[], Project]) -> Non
     gone_by = time.monotonic() + 30
     while project.tagged_processes() and time.monotonic() < gone_by:
         time.sleep(0.2)
-    assert not project.tagged_processes(), "processes outlived an interrupted run"
+    assert not project.left_running(), "processes outlived an interrupted run"
     assert not (project.root / "out/d.txt").exists()
 
 

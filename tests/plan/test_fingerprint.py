@@ -173,7 +173,7 @@ def test_touching_a_dep_without_changing_it_keeps_it_up_to_date(fp: ProjectDir) 
 def test_a_changed_param_names_the_leaf_key(fp: ProjectDir) -> None:
     all_ran(fp)
     fp.write("params.yaml", (fp.root / "params.yaml").read_text().replace("max_depth: 3", "max_depth: 6"))
-    assert reasons(fp, "train") == ["params changed: train.xgb.max_depth"]
+    assert reasons(fp, "train") == ["params changed: train.xgb.max_depth 3 → 6"]
     assert reasons(fp, "prepare") == []
 
 
@@ -181,7 +181,8 @@ def test_an_added_and_a_removed_param_are_named(fp: ProjectDir) -> None:
     all_ran(fp)
     text = (fp.root / "params.yaml").read_text()
     fp.write("params.yaml", text.replace("    eta: 0.1\n", "    subsample: 0.8\n"))
-    assert reasons(fp, "train") == ["params changed: train.xgb.subsample", "params changed: train.xgb.eta"]
+    assert reasons(fp, "train") == ["params changed: train.xgb.subsample (unset) → 0.8",
+                                     "params changed: train.xgb.eta 0.1 → (unset)"]
 
 
 def test_a_param_of_another_stage_does_not_matter(fp: ProjectDir) -> None:
@@ -272,7 +273,7 @@ def test_plan_marks_everything_downstream_of_a_stale_stage(fp: ProjectDir) -> No
     fp.write("params.yaml", (fp.root / "params.yaml").read_text().replace("shards: 4", "shards: 8"))
     loaded = load(fp)
     assert plan(loaded, set(loaded.order), FingerprintRecord(loaded)) == {
-        "ingest": ["params changed: ingest.shards"],
+        "ingest": ["params changed: ingest.shards 4 → 8"],
         "prepare": ["upstream 'ingest' is stale"],
         "train": ["upstream 'prepare' is stale"],
         "other": [],

@@ -19,7 +19,7 @@ import yaml
 
 from conveyor.dvc.compile import compiled_from, drift
 from conveyor.errors import RunLockedError, UsageError
-from conveyor.plan.fingerprint import FingerprintRecord, Record, changed_keys, code_paths
+from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
 from conveyor.spec.project import Project, lookup
 
 
@@ -38,9 +38,17 @@ def _reason(stage: str, entry: Any, code: set[str], project: Project, locked: Ma
                     what = "code" if path in code else "dep"
                     reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {path}")
         elif kind == "changed outs":
-            words = {"deleted": "missing", "not in cache": "not in cache"}
-            reasons += [f"out {words.get(state, 'changed')}: {path}" for path, state in changes.items()]
+            reasons += [_out_reason(project, path, state) for path, state in changes.items()]
     return reasons
+
+
+def _out_reason(project: Project, path: str, state: str) -> str:
+    """An out DVC calls changed, in plain words (a fresh clone's outs are 'missing', not 'not in cache')."""
+    if state == "deleted" or not (project.root / path).exists():
+        return f"out missing: {path}"
+    if state == "not in cache":
+        return f"out not in the DVC cache: {path}"
+    return f"out changed: {path}"
 
 
 def _param_reasons(project: Project, stage: str, state: Mapping[str, str], locked: Mapping[str, Any]) -> list[str]:
@@ -52,8 +60,7 @@ def _param_reasons(project: Project, stage: str, state: Mapping[str, str], locke
             new = lookup(project.params, key)
         except KeyError:
             new = None
-        reasons += [f"params changed: {k}" for k in changed_keys(old.get(key), new, f"{key}.")] or \
-            [f"params changed: {key}"]
+        reasons += param_changes(old.get(key), new, f"{key}.") or [f"params changed: {key}"]
     return reasons
 
 

@@ -159,7 +159,7 @@ def stale_reasons(project: Project, stage: str, state: StageState,
         elif was.get(path) != now[path]:
             reasons.append(f"{what} changed: {path}")
     old_params: Mapping[str, Any] = next(iter(recorded.get("params", {}).values()), {})
-    reasons += [f"params changed: {k}" for k in changed_keys(old_params, dict(state.params))]
+    reasons += param_changes(old_params, dict(state.params))
     was_outs = {o["path"]: o.get("md5") for o in recorded.get("outs", [])}
     now_outs = {e.path: e.md5 for e in state.outs}
     for path in spec.written:
@@ -174,11 +174,31 @@ def stale_reasons(project: Project, stage: str, state: StageState,
     return reasons
 
 
-def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+def param_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``params changed: train.C 3 → 4`` for each leaf key that differs."""
+    return [f"params changed: {key} {_shown(was)} → {_shown(now)}" for key, was, now in _changes(old, new, prefix)]
+
+
+_UNSET = object()
+
+
+def _shown(value: Any) -> str:
+    if value is _UNSET:
+        return "(unset)"
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _changes(old: Any, new: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every leaf that differs; _UNSET where absent."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         keys = list(dict.fromkeys([*new, *old]))
-        return [c for k in keys for c in changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")]
-    return [prefix.rstrip(".")] if old != new else []
+        return [c for k in keys for c in _changes(old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}{k}.")]
+    if isinstance(old, Mapping) and new is _UNSET:
+        return [c for k in old for c in _changes(old[k], _UNSET, f"{prefix}{k}.")]
+    if isinstance(new, Mapping) and old is _UNSET:
+        return [c for k in new for c in _changes(_UNSET, new[k], f"{prefix}{k}.")]
+    return [(prefix.rstrip("."), old, new)] if old != new else []
 
 
 class LockRecord:
