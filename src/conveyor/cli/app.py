@@ -10,9 +10,10 @@ import os
 import signal
 import sys
 from enum import StrEnum
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,20 +22,51 @@ from conveyor.errors import ConveyorError, UsageError
 from conveyor.plan import dag
 from conveyor.spec.project import Project, load_project, resolve_spec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow.")
 out = Console()
 err = Console(stderr=True)
 
+
+def _complete_stages(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of stage names, read from the spec (``-c`` if already typed)."""
+    try:
+        config = ctx.params.get("config")
+        project = _project(Path(config) if config else None)
+    except Exception:  # noqa: BLE001 - completion offers nothing rather than fail the shell
+        return []
+    return [name for name in project.order if name.startswith(incomplete)]
+
+
+# A flag's metavar is "" so help does not show a type (typer 0.29 would print <bool>).
 SpecOption = Annotated[Path | None, typer.Option(
-    "-c", "--config", help="Spec file (default: configs/pipeline.yaml under the project root).")]
-StagesArg = Annotated[list[str] | None, typer.Argument(
-    help="Stages to run (with their upstream); all when omitted.")]
-DownstreamOption = Annotated[bool, typer.Option("--downstream", help="Run the given stages and everything after them.")]
-ForceOption = Annotated[bool, typer.Option("--force", "-f", help="Run selected stages even when up to date.")]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show what would run and why; run nothing.")]
+    "-c", "--config", metavar="FILE", help="Spec file (default: configs/pipeline.yaml under the project root).")]
+# Arguments carry no help= (typer would print their Python type): commands describe them.
+StagesArg = Annotated[list[str] | None, typer.Argument(metavar="STAGE", autocompletion=_complete_stages, hidden=True)]
+DownstreamOption = Annotated[bool, typer.Option(
+    "--downstream", metavar="", help="Run the given stages and everything after them.")]
+SingleOption = Annotated[bool, typer.Option(
+    "-s", "--single-item", metavar="", help="Run only the given stages, not their upstream (as dvc repro -s).")]
+ForceOption = Annotated[bool, typer.Option(
+    "--force", "-f", metavar="", help="Run selected stages even when up to date.")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", metavar="", help="Show what would run and why; run nothing.")]
 ProfileOption = Annotated[list[str] | None, typer.Option(
-    "--profile", help="Swap a profile for this run: NAME=PROFILE.")]
+    "--profile", metavar="NAME=PROFILE", help="Swap a profile for this run (repeatable).")]
+VerboseOption = Annotated[bool, typer.Option(
+    "-v", "--verbose", metavar="", help="Also show what stages and their libraries print (always in the stage logs).")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"conveyor {installed_version('conveyor')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", metavar="", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False,
+             ) -> None:
+    """Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow."""
 
 
 def _project(config: Path | None) -> Project:
@@ -65,19 +97,29 @@ def run(
     stages: StagesArg = None,
     config: SpecOption = None,
     downstream: DownstreamOption = False,
+    single_item: SingleOption = False,
     force: ForceOption = False,
     dry_run: DryRunOption = False,
     profile: ProfileOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
-    """Run the pipeline as a Prefect flow; unchanged stages are skipped."""
+    """Run the pipeline as a Prefect flow; unchanged stages are skipped.
+
+    STAGE...: the stages to run, with their upstream (all when omitted).
+    """
     project = _project(config)
     targets = stages or []
     _check_stages(project, targets)
+    if single_item and not targets:
+        raise UsageError("-s/--single-item runs only the stages you name: name at least one "
+                         f"(stages: {', '.join(project.order)})")
+    if single_item and downstream:
+        raise UsageError("-s/--single-item and --downstream contradict each other: pass one of them")
     overrides = _overrides(profile or [])
     from conveyor.run.profiles import Profiles
 
     Profiles(project.pipeline.profiles, overrides)  # unknown profile names: exit 2 before any work
-    selected = dag.select(project.graph, targets, downstream=downstream)
+    selected = dag.select(project.graph, targets, downstream=downstream, single=single_item)
     if dry_run:
         _recover_outs(project)
         from conveyor.cli.view import status_table
@@ -86,15 +128,23 @@ def run(
 
         out.print(status_table(plan(project, selected, open_record(project), force=force)))
         return
-    # The live view shows progress; Prefect's INFO lines still reach its API and UI.
-    # A failed stage's traceback stays in Prefect's logs; the summary shows the task's own frames.
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    from conveyor.run.capture import capture_output
+    from conveyor.run.logs import log_path
+    from conveyor.run.record import new_run_id
+
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from conveyor.cli.view import summary
+    run_id = new_run_id()
+    # imported first: Prefect's console handler keeps the real stderr, so its lines (flow and
+    # task runs, the embedded server) land in run.log, not in the stage that happens to run
     from conveyor.prefect.flow import RunOptions, resume_command, run_pipeline
 
-    record = run_pipeline(project.spec_path, RunOptions(tuple(targets), downstream, force, overrides))
-    err.print(summary(record, resume_command(project, record)))
+    # The terminal shows the live view; everything else is in the logs (run.log: Prefect, Dask workers, ...).
+    with capture_output(log_path(project.root, run_id, "run"), verbose=verbose):
+        record = run_pipeline(project.spec_path, RunOptions(tuple(targets), downstream, force, overrides,
+                                                            single=single_item), run_id=run_id)
+    from conveyor.cli.view import summary
+
+    err.print(summary(record, project, resume_command(project, record)))
     if record.status != "succeeded":
         raise typer.Exit(1)
 
@@ -109,7 +159,11 @@ def validate(config: SpecOption = None) -> None:
 
 
 @app.command()
-def status(config: SpecOption = None) -> None:
+def status(
+    config: SpecOption = None,
+    exit_code: Annotated[bool, typer.Option(
+        "--exit-code", metavar="", help="Exit 1 when any stage is stale (for CI and scripts).")] = False,
+) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
     from conveyor.cli.view import status_table
     from conveyor.dvc.record import open_record
@@ -117,7 +171,32 @@ def status(config: SpecOption = None) -> None:
 
     project = _project(config)
     _recover_outs(project)
-    out.print(status_table(plan(project, set(project.order), open_record(project))))
+    reasons = plan(project, set(project.order), open_record(project))
+    out.print(status_table(reasons))
+    if exit_code and any(reasons.values()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def logs(
+    stage: Annotated[str, typer.Argument(metavar="STAGE", autocompletion=_complete_stages, hidden=True)],
+    run_id: Annotated[str | None, typer.Option(
+        "--run", metavar="ID", help="A run id (.conveyor/runs/); default: the last run that ran the stage.")] = None,
+    config: SpecOption = None,
+) -> None:
+    """Print a stage's log: its task's logging and prints, its libraries' output, a command's lines."""
+    from conveyor.run.logs import find_log
+
+    root = _project(config).root if config else _root_for_logs()
+    path, found_run = find_log(root, stage, run_id)
+    err.print(f"log of {stage}, run {found_run}: {path}", style="dim", highlight=False)
+    sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def _root_for_logs() -> Path:
+    from conveyor.spec.project import find_root
+
+    return find_root(Path.cwd())
 
 
 def _recover_outs(project: Project) -> None:
@@ -181,9 +260,11 @@ def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], 
 
 
 @app.command()
-def init(directory: Annotated[Path, typer.Argument(help="Where to make the project (new or empty).")] = Path(".")
-         ) -> None:
-    """Make a new project that runs at once: a task stage, a cmd stage, tests, Prefect flows, git and DVC."""
+def init(directory: Annotated[Path, typer.Argument(metavar="DIR", hidden=True)] = Path(".")) -> None:
+    """Make a new project that runs at once: a task stage, a cmd stage, tests, Prefect flows, git and DVC.
+
+    DIR: where to make it, new or empty (default: here).
+    """
     from conveyor.scaffold import init_project
 
     root = init_project(directory)
@@ -230,14 +311,26 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted: clusters and workers were stopped; outs of unfinished stages are unchanged")
         sys.exit(130)
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2)
-        raise
+    except typer.TyperException as exc:  # usage errors: since typer 0.29 (it vendors click) all derive from it
+        _usage_error(exc)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: typer.TyperException) -> NoReturn:
+    """One line (did-you-mean included where click has one) and exit 2; no arguments at all shows the help."""
+    message = exc.format_message().strip()
+    if message.startswith("Usage:"):  # a command given without arguments: its help
+        print(message, file=sys.stderr)
+        sys.exit(2)
+    command = str(getattr(getattr(exc, "ctx", None), "command_path", None) or "conveyor")
+    option, possible = getattr(exc, "option_name", None), getattr(exc, "possibilities", None)
+    if option and possible:  # click lists every close option; name the closest, as the spec errors do
+        from conveyor.spec.models import did_you_mean
+
+        message = f"No such option: {option}{did_you_mean(option, possible)}"
+    line = " ".join(message.split())
+    print(f"{command}: {line} (see '{command} --help')", file=sys.stderr)
+    sys.exit(getattr(exc, "exit_code", 2) or 2)
 
 
 if __name__ == "__main__":

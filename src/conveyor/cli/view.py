@@ -17,9 +17,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from conveyor.run import capture
 from conveyor.run.context import StageProgress
-from conveyor.run.record import RunRecord
+from conveyor.run.logs import log_path
+from conveyor.run.record import RunRecord, record_path
 from conveyor.run.schedule import Outcome
+from conveyor.spec.project import Project
 
 STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
          "failed": "bold red", "not_run": "yellow"}
@@ -31,7 +34,7 @@ class RunView:
     """Receives stage events from the runner (any thread) and shows them."""
 
     def __init__(self, stages: list[str], console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or capture.console()
         self.state: dict[str, str] = dict.fromkeys(stages, "waiting")
         self.note: dict[str, str] = dict.fromkeys(stages, "")
         self.profile: dict[str, str] = dict.fromkeys(stages, "")
@@ -43,7 +46,9 @@ class RunView:
 
     def __enter__(self) -> RunView:
         if self.console.is_terminal:
-            self._live = Live(self, console=self.console, refresh_per_second=4, transient=False)
+            # under a capture, prints belong in the logs, not above the table
+            self._live = Live(self, console=self.console, refresh_per_second=4, transient=False,
+                              redirect_stdout=not capture.active(), redirect_stderr=not capture.active())
             self._live.__enter__()
         return self
 
@@ -81,33 +86,63 @@ class RunView:
                     else self.note[stage]
                 table.add_row(Text(f"{ICON[state]} {stage}", style=STYLE[state]), Text(state),
                               Text(f"{secs:6.1f}s" if stage in self.began else ""),
-                              Text(self.profile[stage], style="dim"), Text(detail, style="dim"))
+                              Text(self.profile[stage], style="dim"),
+                              Text(detail, style="dim", no_wrap=True, overflow="ellipsis"))
         return table
 
 
-def summary(record: RunRecord, resume: str | None = None) -> RenderableType:
-    """The table printed after a run, with the critical path and what parallelism bought."""
-    table = Table(title=f"{record.pipeline} · run {record.run_id} · {record.status}", title_justify="left")
-    for col in ("stage", "status", "duration", "profile", "attempts", "reason"):
+def summary(record: RunRecord, project: Project, resume: str | None = None) -> RenderableType:
+    """What a run did and what came out: stages, metrics, outputs, where the logs and record are."""
+    title = f"{record.pipeline} · run {record.run_id} · {record.status} in {record.wall_s:.1f}s"
+    table = Table(title=title, title_justify="left")
+    retried = any(st.attempts > 1 for st in record.stages.values())
+    for col in ("stage", "status", "duration", "profile", *(["attempts"] if retried else []), "why"):
         table.add_column(col, justify="right" if col in ("duration", "attempts") else "left")
     for name, st in record.stages.items():
         table.add_row(name, Text(st.status, style=STYLE.get(st.status, "")), f"{st.duration_s:.1f}s",
-                      st.profile or "", str(st.attempts), st.error or st.reason)
+                      st.profile or "", *([str(st.attempts)] if retried else []), st.error or st.reason)
     lines: list[RenderableType] = [table]
-    if record.critical_path:
+    if record.critical_path and any(st.status == "succeeded" for st in record.stages.values()):
         lines.append(Text(f"critical path: {' -> '.join(record.critical_path)} "
                           f"({record.critical_path_s:.1f}s of {record.wall_s:.1f}s wall); "
-                          f"speedup {record.speedup:.2f}x (stage time {record.stage_sum_s:.1f}s)"))
+                          f"speedup {record.speedup:.2f}x (stage time {record.stage_sum_s:.1f}s)", style="dim"))
+    logs = project.rel(log_path(project.root, record.run_id, "x").parent)
     for name in record.failed:
         st = record.stages[name]
         lines.append(Text(f"{name} failed: {st.error}", style="bold red"))
         if st.trace:
             lines.append(Text(st.trace, style="red"))
+        lines.append(Text(f"  its log: {logs}/{name}.log  (conveyor logs {name})"))
     if record.not_run:
         lines.append(Text(f"not run: {', '.join(record.not_run)}", style="yellow"))
+    lines += _metrics_lines(record, project)
+    written = [out for name, st in record.stages.items() if st.status == "succeeded"
+               for out in project.pipeline.stages[name].outs]
+    if written:
+        lines.append(Text.assemble(("outputs: ", "bold"), ", ".join(written)))
+    lines.append(Text.assemble(("logs:    ", "bold"), f"{logs}/  (conveyor logs STAGE)"))
+    lines.append(Text.assemble(("record:  ", "bold"), project.rel(record_path(project.root, record.run_id))))
+    if record.flow_run_url:
+        lines.append(Text.assemble(("prefect: ", "bold"), record.flow_run_url))
     if resume:
         lines.append(Text(f"resume with: {resume}", style="bold"))
     return Group(*lines)
+
+
+HEADLINE = 10  # numbers per metrics file in the summary; `dvc metrics show` has them all
+
+
+def _metrics_lines(record: RunRecord, project: Project) -> list[RenderableType]:
+    lines: list[RenderableType] = []
+    for name, st in record.stages.items():
+        if not st.metrics:
+            continue
+        shown = list(st.metrics.items())[:HEADLINE]
+        more = len(st.metrics) - len(shown)
+        files = ", ".join(project.pipeline.stages[name].metrics)
+        text = "  ".join(f"{key} {value:.4g}" for key, value in shown) + (f"  (+{more} more)" if more else "")
+        lines.append(Text.assemble(("metrics: ", "bold"), (f"{name} ", "cyan"), text, (f"  [{files}]", "dim")))
+    return lines
 
 
 def status_table(reasons: Mapping[str, list[str]]) -> RenderableType:

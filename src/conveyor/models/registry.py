@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from conveyor.errors import RegistryError
+from conveyor.run.metrics import numbers
 from conveyor.spec.models import did_you_mean
 
 Direction = Literal["max", "min"]
@@ -161,19 +162,11 @@ def read_metrics(root: Path, ref: MetricRef) -> tuple[float, dict[str, float]]:
         raise RegistryError(f"metrics file {ref.path} not found: did the stage that writes it run?") from None
     except (OSError, ValueError) as exc:
         raise RegistryError(f"metrics file {ref.path} is not readable JSON: {exc}") from exc
-    numbers = dict(_numbers(data))
-    if ref.key not in numbers:
-        hint = did_you_mean(ref.key, numbers) or f"; numbers in it: {', '.join(numbers) or 'none'}"
+    found = dict(numbers(data))
+    if ref.key not in found:
+        hint = did_you_mean(ref.key, found) or f"; numbers in it: {', '.join(found) or 'none'}"
         raise RegistryError(f"metrics file {ref.path} has no number at '{ref.key}'{hint}")
-    return numbers[ref.key], numbers
-
-
-def _numbers(data: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
-    if isinstance(data, Mapping):
-        for key, value in data.items():
-            yield from _numbers(value, f"{prefix}{key}.")
-    elif isinstance(data, int | float) and not isinstance(data, bool):
-        yield prefix.rstrip("."), float(data)
+    return found[ref.key], found
 
 
 def load(path: Path) -> Registry:

@@ -83,15 +83,18 @@ def closure(graph: Graph, start: Iterable[str]) -> set[str]:
     return seen
 
 
-def select(graph: Graph, targets: Iterable[str], *, downstream: bool = False) -> set[str]:
+def select(graph: Graph, targets: Iterable[str], *, downstream: bool = False, single: bool = False) -> set[str]:
     """The stages a run of ``targets`` covers, as ``dvc repro`` does.
 
     Without ``downstream``: the targets and everything they depend on (unchanged ones are
-    skipped later). With it: the targets and everything that depends on them.
+    skipped later). With it: the targets and everything that depends on them. ``single``
+    (``dvc repro -s``): the targets alone.
     """
     targets = list(targets)
     if not targets:
         return set(graph)
+    if single:
+        return set(targets)
     return closure(downstream_graph(graph) if downstream else graph, targets)
 
 

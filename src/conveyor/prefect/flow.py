@@ -29,6 +29,7 @@ from conveyor.errors import UsageError
 from conveyor.plan import dag
 from conveyor.plan.fingerprint import Record
 from conveyor.run.journal import RECOVERED, Journal
+from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome, Schedule
@@ -48,6 +49,10 @@ class RunOptions:
     force: bool = False
     profiles: Mapping[str, str] = field(default_factory=dict)
     forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
+    single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
+
+    def selected(self, graph: dag.Graph) -> set[str]:
+        return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,7 @@ def _stage_task(stage: str, runner: StageRunner) -> str:
 
 def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord) -> RunRecord:
     """Run the selected stages, each as soon as its upstream succeeded; fills ``run``."""
-    schedule = Schedule(project.graph, dag.select(project.graph, options.stages,
-                                                  downstream=options.downstream), order=project.order)
+    schedule = Schedule(project.graph, options.selected(project.graph), order=project.order)
     events: queue.Queue[str] = queue.Queue()
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
@@ -178,35 +182,48 @@ def _summary_markdown(run: RunRecord) -> str:
 
 
 def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | None = None,
-               downstream: bool = False, force: bool = False, profile: Mapping[str, str] | None = None) -> State[Any]:
+               downstream: bool = False, force: bool = False, profile: Mapping[str, str] | None = None,
+               single_item: bool = False, run_id: str | None = None) -> State[Any]:
     """Inside a Prefect flow: run the pipeline of ``spec`` (or a selection), each stage a task run.
 
-    ``stages``, ``downstream``, ``force`` and ``profile`` mean what ``conveyor run`` means by
-    them. Returns the flow run's end state (Failed when a stage failed), carrying the run record.
+    ``stages``, ``downstream``, ``force``, ``profile`` and ``single_item`` mean what
+    ``conveyor run`` means by them; ``run_id`` names the run record (default: a new id).
+    Returns the flow run's end state (Failed when a stage failed), carrying the run record.
     """
     project = load_project(resolve_spec(Path(spec)))
-    options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}))
+    if single_item and not stages:
+        raise UsageError("single_item runs only the stages you name: pass stages")
+    options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}), single=single_item)
     check_options(project, options)
-    return final_state(run_in_flow(project, options))
+    return final_state(run_in_flow(project, options, run_id))
 
 
 @flow(name="conveyor-pipeline", flow_run_name=pipeline_run_name, persist_result=False, log_prints=True)
 def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
                   downstream: bool = False, force: bool = False,
-                  profile: dict[str, str] | None = None) -> State[Any]:
+                  profile: dict[str, str] | None = None, single_item: bool = False,
+                  run_id: str | None = None) -> State[Any]:
     """Run a conveyor pipeline: :func:`run_stages` as a flow (``conveyor run`` runs this one)."""
-    return run_stages(spec, stages=stages, downstream=downstream, force=force, profile=profile)
+    return run_stages(spec, stages=stages, downstream=downstream, force=force, profile=profile,
+                      single_item=single_item, run_id=run_id)
 
 
-def run_in_flow(project: Project, options: RunOptions) -> RunRecord:
+def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None) -> RunRecord:
     """Inside a flow run: execute, write the run record, publish the summary artifact."""
-    run = RunRecord(new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""))
-    selected = dag.select(project.graph, options.stages, downstream=options.downstream)
+    from prefect.settings import PREFECT_API_URL
+
+    run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""),
+                    # the embedded server's UI is gone once the run ends: a link only to a real server
+                    flow_run_url=flow_run.ui_url if PREFECT_API_URL.value() else None)
+    selected = options.selected(project.graph)
     run.stages = {s: StageRecord() for s in project.order if s in selected}
     try:
         with RunView(list(run.stages)) as view:
             execute(project, options, view, run)
     finally:
+        for name, stage in run.stages.items():
+            if stage.status in (Outcome.SUCCEEDED.value, Outcome.SKIPPED.value):
+                stage.metrics = stage_metrics(project.root, project.pipeline.stages[name].metrics)
         run.write(project.root)
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
@@ -221,10 +238,11 @@ def final_state(run: RunRecord) -> State[Any]:
     return Completed(message=message, data=run.to_dict())
 
 
-def run_pipeline(spec: Path, options: RunOptions) -> RunRecord:
+def run_pipeline(spec: Path, options: RunOptions, run_id: str | None = None) -> RunRecord:
     """Run the flow in this process (embedded Prefect server unless PREFECT_API_URL is set)."""
     state: State[Any] = pipeline_flow(spec=str(spec), stages=list(options.stages), downstream=options.downstream,
-                                      force=options.force, profile=dict(options.profiles), return_state=True)
+                                      force=options.force, profile=dict(options.profiles),
+                                      single_item=options.single, run_id=run_id, return_state=True)
     data: Any = state.result(raise_on_failure=False)
     if isinstance(data, BaseException):
         raise data

@@ -32,6 +32,7 @@ class StageProgress:
     completed: float = 0.0
     unit: str = ""
     description: str = ""
+    last_line: str = ""  # the stage's latest log line, shown while it reports no progress of its own
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def start(self, total: float | None, *, unit: str = "", description: str = "") -> None:
@@ -44,14 +45,27 @@ class StageProgress:
         with self._lock:
             self.completed += amount
 
+    def note(self, line: str) -> None:
+        """The stage wrote ``line`` to its log."""
+        self.last_line = line.strip()[-160:]
+
     def render(self) -> str:
         """A short text such as ``"12/15 files"`` for the stage's line in the live view."""
         with self._lock:
             if self.total is None and not self.completed:
-                return self.description
-            done = f"{self.completed:g}" + (f"/{self.total:g}" if self.total is not None else "")
+                return self.description or self.last_line
+            done = _number(self.completed) + (f"/{_number(self.total)}" if self.total is not None else "")
             text = f"{done} {self.unit}".strip()
             return f"{self.description} {text}".strip()
+
+
+def _number(x: float) -> str:
+    """``12``, ``3.5``, ``0.12``, ``1,024``: short, and never ``0.119889``."""
+    if float(x).is_integer():
+        return f"{int(x):,}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
 
 
 @dataclass(frozen=True)

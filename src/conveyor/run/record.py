@@ -41,6 +41,7 @@ class StageRecord:
     duration_s: float = 0.0
     error: str | None = None
     trace: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # from its declared metrics files
 
 
 @dataclass
@@ -59,6 +60,7 @@ class RunRecord:
     stage_sum_s: float = 0.0
     speedup: float = 0.0
     flow_run_id: str | None = None
+    flow_run_url: str | None = None  # in the Prefect UI, when a server is configured
 
     @property
     def failed(self) -> list[str]:
@@ -91,15 +93,19 @@ class RunRecord:
 
     def write(self, root: Path) -> Path:
         """Write this record and point latest.json at it; both writes are atomic."""
-        folder = state_dir(root) / "runs"
+        path = record_path(root, self.run_id)
+        folder = path.parent
         folder.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=2)
-        path = folder / f"{self.run_id}.json"
         for target in (path, folder / "latest.json"):
             tmp = target.with_name(f".{target.name}.tmp")
             tmp.write_text(text + "\n", encoding="utf-8")
             os.replace(tmp, target)
         return path
+
+
+def record_path(root: Path, run_id: str) -> Path:
+    return state_dir(root) / "runs" / f"{run_id}.json"
 
 
 def read_latest(root: Path) -> RunRecord | None:

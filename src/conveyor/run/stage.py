@@ -24,7 +24,7 @@ from conveyor.plan.fingerprint import Record
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.journal import RECOVERED, Journal
-from conveyor.run.logs import StageLog, log_path
+from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome
@@ -123,18 +123,24 @@ class StageRunner:
 
     def _attempt(self, stage: str, resources: Resources, progress: StageProgress, attempt: int) -> None:
         spec = self.project.pipeline.stages[stage]
-        fn = load_task(self.project, stage) if spec.task else None
-        logger = logging.getLogger(f"prefect.task_runs.{stage}")
         path = log_path(self.project.root, self.run.run_id, stage)
-        with StageLog(path, logger if fn else None, attempt) as log, \
-                self.journal.protect(stage, spec.written, spec.persist):
-            if fn is not None:
-                self._call(fn, stage, resources, progress, logger)
-            else:
-                self._command(stage, resources, progress, log)
-            check_outs(self.project.root, stage, spec.written)
-            if self.record is not None:
-                self.record.save(stage)
+        with StageLog(path, stage, attempt, on_line=progress.note) as log:
+            fn = self._import(stage, progress) if spec.task else None
+            with self.journal.protect(stage, spec.written, spec.persist):
+                if fn is not None:
+                    self._call(fn, stage, resources, progress, stage_logger(stage))
+                else:
+                    self._command(stage, resources, log)
+                check_outs(self.project.root, stage, spec.written)
+                if self.record is not None:
+                    self.record.save(stage)
+
+    def _import(self, stage: str, progress: StageProgress) -> Callable[[StageContext], None]:
+        """The task function; the live view says what is importing (torch alone takes seconds)."""
+        progress.description = f"importing {self.project.pipeline.stages[stage].module}"
+        fn = load_task(self.project, stage)
+        progress.description = ""
+        return fn
 
     def _call(self, fn: Callable[[StageContext], None], stage: str, resources: Resources,
               progress: StageProgress, logger: logging.Logger) -> None:
@@ -149,15 +155,14 @@ class StageRunner:
         with current_client(resources.client) if resources.client is not None else nullcontext():
             fn(ctx)
 
-    def _command(self, stage: str, resources: Resources, progress: StageProgress, log: StageLog) -> None:
+    def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
         spec = self.project.pipeline.stages[stage]
         command = Command(stage, spec.commands, cwd=str(self.project.root / (spec.wdir or "")),
                           env={"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id},
                           timeout_s=spec.timeout_s, own_gpu=bool(resources.devices))
 
         def sink(stream: str, line: str) -> None:
-            log.line(stream, line)
-            progress.description = line[-160:]  # the live view shows the latest line
+            log.line(stream, line)  # the live view shows the latest line
             if self.echo is not None:
                 self.echo(stream, line)
 

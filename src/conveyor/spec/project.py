@@ -74,7 +74,8 @@ class Project:
             return list(self._sources[stage])
 
     def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
+        """``path`` relative to the root, or absolute when it lies outside (a spec given with -c)."""
+        return path.relative_to(self.root).as_posix() if path.is_relative_to(self.root) else str(path)
 
 
 def find_root(start: Path) -> Path:
@@ -96,10 +97,16 @@ def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
     return path.resolve()
 
 
-def load_project(spec_path: Path) -> Project:
-    """Load and check ``spec_path``; raises SpecError with every problem found."""
+def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
+    """Load and check ``spec_path``; raises SpecError with every problem found.
+
+    The project is the one the spec lives in, else the one of ``cwd`` (a spec kept elsewhere).
+    """
     spec_path = spec_path.resolve()
-    root = find_root(spec_path.parent)
+    try:
+        root = find_root(spec_path.parent)
+    except UsageError:
+        root = find_root(cwd or Path.cwd())
     written = _load(spec_path)
     raw = written.data if isinstance(written.data, dict) else {}
     params_path = root / str(raw.get("params") or "params.yaml")

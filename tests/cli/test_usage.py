@@ -1,0 +1,120 @@
+"""The installed ``conveyor`` console script, as a user types it: usage errors, --version, completion.
+
+Runs the real entry point in a subprocess, against whatever typer/click a fresh install
+resolved: every usage error is one line, exit 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+CONVEYOR = shutil.which("conveyor")
+pytestmark = pytest.mark.skipif(CONVEYOR is None, reason="the conveyor console script is not installed")
+
+SPEC = """\
+pipeline: tiny
+stages:
+  prepare: {cmd: "echo prepared > prepared.txt", outs: [prepared.txt]}
+  train: {cmd: "cat prepared.txt > model.txt", deps: [prepared.txt], outs: [model.txt]}
+"""
+
+
+def conveyor(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    assert CONVEYOR is not None
+    return subprocess.run([CONVEYOR, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "100", **(env or {})})
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'tiny'\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/pipeline.yaml").write_text(SPEC)
+    return tmp_path
+
+
+def one_line_usage_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["runn"], r"^conveyor: No such command 'runn'\. Did you mean 'run'\?"),
+    (["run", "--forse"], r"^conveyor run: No such option: --forse \(did you mean '--force'\?\)"),
+    (["status", "--exit-cod"], r"^conveyor status: No such option: --exit-cod \(did you mean '--exit-code'\?\)"),
+    (["dag", "--format", "png"], r"^conveyor dag: .*'png' is not one of 'text', 'mermaid', 'dot'"),
+    (["serve", "--limit", "0"], r"^conveyor serve: .*--limit"),
+    (["exec"], r"^conveyor exec: Missing argument 'STAGE'"),
+    (["run", "-c"], r"^conveyor( run)?: Option '-c' requires an argument"),
+])
+def test_usage_errors_are_one_line_exit_2(args: list[str], expected: str) -> None:
+    line = one_line_usage_error(conveyor(*args))
+    assert re.search(expected, line), line
+    assert line.endswith("--help')")
+
+
+def test_no_arguments_shows_the_commands_and_exits_2() -> None:
+    result = conveyor()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "Usage: conveyor" in result.stderr
+    for command in ("run", "status", "logs", "compile", "init"):
+        assert re.search(rf"^  {command}\s", result.stderr, re.MULTILINE), command
+
+
+def test_version() -> None:
+    result = conveyor("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"conveyor {version('conveyor')}"
+
+
+def test_help_shows_no_python_types() -> None:
+    result = conveyor("run", "--help")
+    assert result.returncode == 0
+    assert "<bool>" not in result.stdout and "list[str]" not in result.stdout and "<path>" not in result.stdout
+    assert "NAME=PROFILE" in result.stdout and "--single-item" in result.stdout
+
+
+def test_bad_stage_names_are_usage_errors(tiny: Path) -> None:
+    line = one_line_usage_error(conveyor("run", "trian", cwd=tiny))
+    assert "unknown stage(s): trian (did you mean 'train'?)" in line
+    line = one_line_usage_error(conveyor("run", "-s", cwd=tiny))
+    assert "-s/--single-item runs only the stages you name" in line
+    line = one_line_usage_error(conveyor("logs", "trian", cwd=tiny))
+    assert "no log of stage 'trian'" in line
+
+
+def test_shell_completion_script_and_stage_names(tiny: Path) -> None:
+    # what `conveyor --install-completion` puts in ~/.bashrc
+    script = conveyor(env={"_CONVEYOR_COMPLETE": "source_bash"})
+    assert script.returncode == 0 and "_conveyor_completion()" in script.stdout
+    result = conveyor(cwd=tiny, env={"_CONVEYOR_COMPLETE": "complete_bash", "COMP_WORDS": "conveyor run tr",
+                                     "COMP_CWORD": "2"})
+    assert result.returncode == 0
+    assert result.stdout.split() == ["train"]
+
+
+def test_spec_outside_the_project(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    elsewhere = tmp_path_factory.mktemp("specs") / "other.yaml"
+    elsewhere.write_text(SPEC.replace("tiny", "elsewhere"))
+    result = conveyor("validate", "-c", str(elsewhere), cwd=tiny)
+    assert result.returncode == 0, result.stderr
+    assert f"{elsewhere}: ok (2 stages" in result.stdout
+    lonely = conveyor("validate", "-c", str(elsewhere), cwd=elsewhere.parent)
+    assert lonely.returncode == 2 and "no project found" in lonely.stderr and "Traceback" not in lonely.stderr
+
+
+def test_status_exit_code(tiny: Path) -> None:
+    stale = conveyor("status", "--exit-code", cwd=tiny)
+    assert stale.returncode == 1 and "never run" in stale.stdout
+    assert conveyor("status", cwd=tiny).returncode == 0
