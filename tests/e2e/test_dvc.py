@@ -136,7 +136,7 @@ def test_one_fingerprint_for_conveyor_run_and_dvc_repro(make_project: Callable[[
     # One param read by one stage: DVC names that stage; conveyor names it and what follows.
     project.write("params.yaml", "a: {n: 1}\nb: {n: 5}\n")
     assert stale_in_dvc_status(project) == {"b"}
-    assert conveyor_status(project) == {"a": "", "b": "params changed: b.n",
+    assert conveyor_status(project) == {"a": "", "b": "params changed: b.n 2 → 5",
                                         "c": "upstream 'b' is stale", "d": ""}
 
     repro = dvc(project, "repro")
@@ -289,3 +289,32 @@ def test_a_cmd_stage_compiles_to_its_command_and_dvc_repro_runs_it_natively(
     assert statuses(project) == {"make": "skipped", "scale": "succeeded"}
     assert (project.root / "work/scaled.txt").read_text() == "7\n"
     assert stale_in_dvc_status(project) == set()
+
+
+@pytest.mark.slow
+def test_adding_dvc_to_a_project_that_ran_reruns_nothing(make_project: Callable[[], Project]) -> None:
+    """conveyor's own record is carried into dvc.lock by `conveyor compile`."""
+    project = make_project()
+    project.write("params.yaml", "a: {n: 1}\n")
+    project.write("configs/pipeline.yaml", """
+        pipeline: later-dvc
+        stages:
+          a: {cmd: "mkdir -p out && echo ${a.n} > out/a.txt", params: [a], outs: [out/a.txt]}
+          b: {cmd: "cp out/a.txt out/b.txt", deps: [out/a.txt], outs: [out/b.txt]}
+          c: {cmd: "echo never > out/c.txt", outs: [out/c.txt]}
+        """)
+    assert project.conveyor("run", "b").returncode == 0  # a and b ran; c never did
+    git(project, "init", "-q")
+    dvc(project, "init", "-q")
+    dvc(project, "config", "core.analytics", "false")
+    compiled = project.conveyor("compile")
+    assert compiled.returncode == 0, compiled.stderr
+    assert "recorded 2 up-to-date stage(s) in dvc.lock and the DVC cache, so they do not rerun: a, b" \
+        in compiled.stdout
+    assert stale_in_dvc_status(project) == {"c"}
+    status = conveyor_status(project)
+    assert status == {"a": "", "b": "", "c": "never run"}
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stderr
+    assert statuses(project) == {"a": "skipped", "b": "skipped", "c": "succeeded"}
+    assert project.conveyor("compile").stdout.count("recorded") == 0  # DVC's record is the one now

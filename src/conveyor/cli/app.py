@@ -242,15 +242,23 @@ def compile_dvc(
             raise typer.Exit(1)
         out.print(f"dvc.yaml matches {project.rel(project.spec_path)}")
         return
+    from conveyor.dvc.record import carry_into_dvc_lock, up_to_date_in_own_record
+
+    fresh = up_to_date_in_own_record(project) if (project.root / ".dvc").is_dir() else []
     path = dvc_yaml(project)
     tmp = path.with_name(".dvc.yaml.tmp")
     tmp.write_text(render(project), encoding="utf-8")
     os.replace(tmp, path)
     out.print(f"wrote {project.rel(path)} ({len(project.order)} stages) from {project.rel(project.spec_path)}")
+    carried = carry_into_dvc_lock(project, fresh)
+    if carried:
+        out.print(f"recorded {len(carried)} up-to-date stage(s) in dvc.lock and the DVC cache, so they do not "
+                  f"rerun: {', '.join(carried)}", highlight=False)
 
 
 @app.command("exec")
-def exec_stage(stage: Annotated[str, typer.Argument(help="The stage to run.")], config: SpecOption = None) -> None:
+def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocompletion=_complete_stages, hidden=True)],
+               config: SpecOption = None) -> None:
     """Run exactly one stage in this process, with its profile (what dvc.yaml calls)."""
     from conveyor.run.stage import run_one
 
