@@ -77,7 +77,7 @@ def test_terminal_shows_the_run_and_the_logs_have_the_rest(make_project: Callabl
     assert f"logs:    .conveyor/logs/{run_id}/" in terminal
     assert f"record:  .conveyor/runs/{run_id}.json" in terminal
     api = project.env["PREFECT_API_URL"].removesuffix("/api")
-    assert f"prefect: {api}/flow-runs/flow-run/{project.record()['flow_run_id']}" in terminal
+    assert f"prefect: {api}/runs/flow-run/{project.record()['flow_run_id']}" in terminal
     assert project.record()["stages"]["loud"]["metrics"] == {"auc": 0.91234, "nested.loss": 0.2}
 
     # the stage's own log: its prints, ctx.log and the libraries it called from its thread

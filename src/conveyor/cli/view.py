@@ -120,13 +120,18 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
                for out in project.pipeline.stages[name].outs]
     if written:
         lines.append(Text.assemble(("outputs: ", "bold"), ", ".join(written)))
-    lines.append(Text.assemble(("logs:    ", "bold"), f"{logs}/  (conveyor logs STAGE)"))
-    lines.append(Text.assemble(("record:  ", "bold"), project.rel(record_path(project.root, record.run_id))))
+    # paths and the URL stay whole on one line, to be copied (rich would wrap them at 80 columns)
+    lines.append(_whole("logs:    ", f"{logs}/  (conveyor logs STAGE)"))
+    lines.append(_whole("record:  ", project.rel(record_path(project.root, record.run_id))))
     if record.flow_run_url:
-        lines.append(Text.assemble(("prefect: ", "bold"), record.flow_run_url))
+        lines.append(_whole("prefect: ", record.flow_run_url))
     if resume:
         lines.append(Text(f"resume with: {resume}", style="bold"))
     return Group(*lines)
+
+
+def _whole(label: str, value: str) -> Text:
+    return Text.assemble((label, "bold"), value, no_wrap=True, overflow="ignore")
 
 
 HEADLINE = 10  # numbers per metrics file in the summary; `dvc metrics show` has them all

@@ -210,11 +210,8 @@ def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None 
 
 def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None) -> RunRecord:
     """Inside a flow run: execute, write the run record, publish the summary artifact."""
-    from prefect.settings import PREFECT_API_URL
-
     run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""),
-                    # the embedded server's UI is gone once the run ends: a link only to a real server
-                    flow_run_url=flow_run.ui_url if PREFECT_API_URL.value() else None)
+                    flow_run_url=_flow_run_url())
     selected = options.selected(project.graph)
     run.stages = {s: StageRecord() for s in project.order if s in selected}
     try:
@@ -228,6 +225,16 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
     return run
+
+
+def _flow_run_url() -> str | None:
+    """This flow run in Prefect's UI; None with the embedded server, whose UI ends with the run."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.utilities.urls import url_for
+
+    if not PREFECT_API_URL.value() or flow_run.id is None:
+        return None
+    return url_for("flow-run", obj_id=flow_run.id)
 
 
 def final_state(run: RunRecord) -> State[Any]:
