@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
-from conftest import Project
+from conftest import REPO, Project
 
 
 @pytest.mark.slow
@@ -24,7 +27,7 @@ def test_reference_pipeline_runs_skips_and_reproduces(reference_project: Project
     assert record["stages"]["preprocess"]["profile"] == "cpu"
     if record["stages"]["train_xgb"]["profile"] == "cpu":  # no GPU here: the declared fallback
         assert "no GPU visible: profile 'gpu' falls back to 'cpu'" in first.stderr
-    assert not project.tagged_processes()
+    assert not project.left_running()
 
     second = project.conveyor("run")
     assert second.returncode == 0
@@ -35,3 +38,18 @@ def test_reference_pipeline_runs_skips_and_reproduces(reference_project: Project
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert {s["status"] for s in project.record()["stages"].values()} == {"succeeded"}
     assert json.loads((project.root / "metrics/test.json").read_text()) == metrics
+
+
+@pytest.mark.slow
+def test_a_fresh_clone_first_run_leaves_git_clean(tmp_path: Path, prefect_server: dict[str, str]) -> None:
+    """The committed dvc.lock records what a run on another machine produces (README, first command)."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    env = {**os.environ, **prefect_server}
+    run = subprocess.run(["conveyor", "run"], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "out missing: data/raw" in run.stderr  # a fresh clone has no outs: said in plain words
+    changed = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True)
+    assert changed.stdout == "", changed.stdout
+    status = subprocess.run(["dvc", "status"], cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert "Data and pipelines are up to date" in status.stdout, status.stdout
