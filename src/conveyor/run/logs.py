@@ -100,8 +100,11 @@ class _StageHandler(logging.Handler):
         self.setFormatter(_StageFormatter(owner.logger_name))
 
     def emit(self, record: logging.LogRecord) -> None:
-        # the stage's own logger from any thread (a task's thread pool too); other records from its context
-        if record.name == self.owner.logger_name or current_sink.get() is self.owner.sink:
+        # the stage's own logger from any thread (a task's thread pool too); from its context, the
+        # other task-run records (prints, Prefect's) but not those of another stage's logger
+        own = record.name == self.owner.logger_name
+        other_stage = not own and record.name.startswith(f"{TASK_LOGGER}.")
+        if own or (not other_stage and current_sink.get() is self.owner.sink):
             self.owner.line("log", self.format(record), note=record.getMessage())
 
 
