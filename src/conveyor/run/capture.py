@@ -53,6 +53,8 @@ def console() -> Console:
 class _RouterStream(io.TextIOBase):
     """A text stream that hands complete lines to the running stage's log, or to ``fallback``."""
 
+    encoding = "utf-8"  # some libraries read it before writing (TextIOBase says None)
+
     def __init__(self, name: str, fallback: LineSink, echo: LineSink | None, fd: int | None) -> None:
         self.name, self._fallback, self._echo, self._fd = name, fallback, echo, fd
         self._partial: dict[int, str] = {}  # per thread: text after the last newline
