@@ -118,3 +118,21 @@ def test_status_exit_code(tiny: Path) -> None:
     stale = conveyor("status", "--exit-code", cwd=tiny)
     assert stale.returncode == 1 and "never run" in stale.stdout
     assert conveyor("status", cwd=tiny).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_path_factory: pytest.TempPathFactory
+                                                                ) -> None:
+    """No PREFECT_API_URL: Prefect's temporary server starts, and says so in run.log, not on the terminal."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")), COLUMNS="100")
+    assert CONVEYOR is not None
+    done = subprocess.run([CONVEYOR, "run"], cwd=tiny, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    terminal = done.stdout + done.stderr
+    for noise in ("prefect", "Prefect", "temporary server", "Flow run", "Task run"):
+        assert noise not in terminal, noise
+    assert "prefect:" not in terminal  # no link: the embedded server's UI ends with the run
+    run_log = next((tiny / ".conveyor/logs").glob("*/run.log")).read_text()
+    assert "Starting temporary server" in run_log
+    assert "Beginning flow run" in run_log

@@ -317,4 +317,6 @@ def test_adding_dvc_to_a_project_that_ran_reruns_nothing(make_project: Callable[
     again = project.conveyor("run")
     assert again.returncode == 0, again.stderr
     assert statuses(project) == {"a": "skipped", "b": "skipped", "c": "succeeded"}
+    assert "Updating lock file" not in again.stdout + again.stderr  # DVC's line is in c's log
+    assert "Updating lock file 'dvc.lock'" in project.conveyor("logs", "c").stdout
     assert project.conveyor("compile").stdout.count("recorded") == 0  # DVC's record is the one now
