@@ -1,29 +1,50 @@
-"""The reference pipeline (configs/pipeline.yaml) run as a user runs it, three times."""
+"""The reference pipeline run as a user runs it: a fresh clone of this repository, three runs."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 from conftest import REPO, Project
 
 
+@pytest.fixture
+def fresh_clone(tmp_path: Path, prefect_server: dict[str, str]) -> Project:
+    """`git clone` of this repository (its committed state, dvc.yaml and dvc.lock included)."""
+    root = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True)
+    tag = uuid.uuid4().hex
+    return Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}, tag)
+
+
+def sh(project: Project, *args: str) -> str:
+    return subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, check=True,
+                          timeout=300).stdout
+
+
 @pytest.mark.slow
-def test_reference_pipeline_runs_skips_and_reproduces(reference_project: Project) -> None:
-    project = reference_project
+def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(fresh_clone: Project) -> None:
+    project = fresh_clone
     first = project.conveyor("run")
     assert first.returncode == 0, first.stderr[-3000:]
     for noise in ("got rank", "distributed.", "Task run", "Traceback"):  # xgboost, Dask, Prefect: in the logs
         assert noise not in first.stdout + first.stderr, noise
+    assert "out missing: data/raw" in first.stderr  # a fresh clone has no outs: said in plain words
+    # the committed dvc.lock is what a run on another machine produces (README, first command)
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert "Data and pipelines are up to date" in sh(project, "dvc", "status")
+
     record = project.record()
     assert {n: s["status"] for n, s in record["stages"].items()} == dict.fromkeys(
         ["ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate"], "succeeded")
     metrics = json.loads((project.root / "metrics/test.json").read_text())
     assert metrics["stack"]["auc"] >= 0.97
     assert set(metrics) >= {"xgb", "mlp", "stack"}
+    assert record["stages"]["evaluate"]["metrics"]["stack.auc"] == metrics["stack"]["auc"]
     assert (project.root / "plots/roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert record["stages"]["ingest"]["profile"] == "io"
     assert record["stages"]["preprocess"]["profile"] == "cpu"
@@ -40,18 +61,4 @@ def test_reference_pipeline_runs_skips_and_reproduces(reference_project: Project
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert {s["status"] for s in project.record()["stages"].values()} == {"succeeded"}
     assert json.loads((project.root / "metrics/test.json").read_text()) == metrics
-
-
-@pytest.mark.slow
-def test_a_fresh_clone_first_run_leaves_git_clean(tmp_path: Path, prefect_server: dict[str, str]) -> None:
-    """The committed dvc.lock records what a run on another machine produces (README, first command)."""
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-    env = {**os.environ, **prefect_server}
-    run = subprocess.run(["conveyor", "run"], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "out missing: data/raw" in run.stderr  # a fresh clone has no outs: said in plain words
-    changed = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True)
-    assert changed.stdout == "", changed.stdout
-    status = subprocess.run(["dvc", "status"], cwd=clone, env=env, capture_output=True, text=True, timeout=300)
-    assert "Data and pipelines are up to date" in status.stdout, status.stdout
+    assert sh(project, "git", "status", "--porcelain") == ""  # reproduced byte for byte

@@ -59,7 +59,8 @@ def test_a_stage_log_holds_its_records_from_any_thread_and_nothing_of_other_stag
     assert "\nprinted in this context\n" in text  # as printed, without time and level
     assert "not mine" not in text
     assert seen[0] == "from the stage thread"  # the live view gets the message, without time and level
-    assert stage_logger("train").handlers == [] and logging.getLogger("prefect.task_runs").handlers == []
+    left = [*stage_logger("train").handlers, *logging.getLogger("prefect.task_runs").handlers]
+    assert not [h for h in left if type(h).__module__ == "conveyor.run.logs"]  # Prefect's own may be there
 
 
 def test_find_log_picks_the_last_run_that_ran_the_stage(tmp_path: Path) -> None:
