@@ -92,6 +92,10 @@ class _RouterStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
+        """Nothing to do: lines are handed on whole (``print(".", end="", flush=True)`` waits for its line)."""
+
+    def finish(self) -> None:
+        """Hand on what is left of unfinished lines (at the end of the capture)."""
         with self._lock:
             partial, self._partial = self._partial, {}
         for rest in partial.values():
@@ -188,8 +192,8 @@ def capture_output(run_log: Path, verbose: bool = False) -> Iterator[Console]:
         yield _console
     finally:
         for router in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                router.flush()
+            if isinstance(router, _RouterStream):
+                router.finish()
         for handler, original in swapped:
             handler.setStream(original)
         for prefect_handler in prefect_handlers:
