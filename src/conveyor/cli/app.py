@@ -6,6 +6,7 @@ print as one clear message, never a traceback. Prefect is imported only by ``run
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -142,6 +143,9 @@ def run(
     with capture_output(log_path(project.root, run_id, "run"), verbose=verbose):
         record = run_pipeline(project.spec_path, RunOptions(tuple(targets), downstream, force, overrides,
                                                             single=single_item), run_id=run_id)
+    # Prefect stops its embedded server at exit, after its log and event workers have drained,
+    # and logs that at INFO on the terminal, below the summary: nothing a user needs there.
+    logging.getLogger("prefect").setLevel(logging.WARNING)
     from conveyor.cli.view import summary
 
     err.print(summary(record, project, resume_command(project, record)))

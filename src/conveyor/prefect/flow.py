@@ -227,18 +227,6 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     return run
 
 
-def _stop_temporary_server() -> None:
-    """Stop Prefect's embedded server now, while the run's output is still captured.
-
-    Prefect stops it at interpreter exit (atexit), printing "Stopping temporary server" on
-    the terminal after conveyor's summary; stopping it here sends that line to run.log.
-    """
-    from prefect.server.api.server import SubprocessASGIServer
-
-    for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
-        server.stop()
-
-
 def _flow_run_url() -> str | None:
     """This flow run in Prefect's UI; None with the embedded server, whose UI ends with the run."""
     from prefect.settings import PREFECT_API_URL
@@ -259,13 +247,9 @@ def final_state(run: RunRecord) -> State[Any]:
 
 def run_pipeline(spec: Path, options: RunOptions, run_id: str | None = None) -> RunRecord:
     """Run the flow in this process (embedded Prefect server unless PREFECT_API_URL is set)."""
-    try:
-        state: State[Any] = pipeline_flow(spec=str(spec), stages=list(options.stages),
-                                          downstream=options.downstream, force=options.force,
-                                          profile=dict(options.profiles), single_item=options.single,
-                                          run_id=run_id, return_state=True)
-    finally:
-        _stop_temporary_server()
+    state: State[Any] = pipeline_flow(spec=str(spec), stages=list(options.stages), downstream=options.downstream,
+                                      force=options.force, profile=dict(options.profiles),
+                                      single_item=options.single, run_id=run_id, return_state=True)
     data: Any = state.result(raise_on_failure=False)
     if isinstance(data, BaseException):
         raise data
