@@ -133,6 +133,8 @@ def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_
     for noise in ("prefect", "Prefect", "temporary server", "Flow run", "Task run"):
         assert noise not in terminal, noise
     assert "prefect:" not in terminal  # no link: the embedded server's UI ends with the run
+    assert done.stderr.rstrip().splitlines()[-1].startswith("record:  .conveyor/runs/")  # the summary ends it
+    assert "Error" not in terminal
     run_log = next((tiny / ".conveyor/logs").glob("*/run.log")).read_text()
     assert "Starting temporary server" in run_log
     assert "Beginning flow run" in run_log
