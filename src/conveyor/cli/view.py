@@ -19,7 +19,7 @@ from rich.text import Text
 
 from conveyor.run import capture
 from conveyor.run.context import StageProgress
-from conveyor.run.logs import log_path
+from conveyor.run.logs import logs_dir
 from conveyor.run.record import RunRecord, record_path
 from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project
@@ -106,7 +106,7 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
         lines.append(Text(f"critical path: {' -> '.join(record.critical_path)} "
                           f"({record.critical_path_s:.1f}s of {record.wall_s:.1f}s wall); "
                           f"speedup {record.speedup:.2f}x (stage time {record.stage_sum_s:.1f}s)", style="dim"))
-    logs = project.rel(log_path(project.root, record.run_id, "x").parent)
+    logs = project.rel(logs_dir(project.root, record.run_id))
     for name in record.failed:
         st = record.stages[name]
         lines.append(Text(f"{name} failed: {st.error}", style="bold red"))

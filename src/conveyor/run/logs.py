@@ -35,8 +35,13 @@ def stage_logger(stage: str) -> logging.Logger:
     return logger
 
 
+def logs_dir(root: Path, run_id: str) -> Path:
+    """``.conveyor/logs/<run_id>/``: the run's stage logs and its run.log."""
+    return state_dir(root) / "logs" / run_id
+
+
 def log_path(root: Path, run_id: str, stage: str) -> Path:
-    return state_dir(root) / "logs" / run_id / f"{stage}.log"
+    return logs_dir(root, run_id) / f"{stage}.log"
 
 
 def find_log(root: Path, stage: str, run_id: str | None = None) -> tuple[Path, str]:
@@ -70,15 +75,12 @@ class _StageFormatter(logging.Formatter):
     def __init__(self, own: str) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
         self.own = own
+        self.named = logging.Formatter("%(asctime)s %(levelname)-7s [%(name)s] %(message)s", datefmt="%H:%M:%S")
 
     def format(self, record: logging.LogRecord) -> str:
         if record.name == TASK_LOGGER and _PREFECT not in Path(record.pathname).parents:
             return record.getMessage()  # a print turned into a record by Prefect's log_prints
-        text = super().format(record)
-        if record.name != self.own:
-            head, _, rest = text.partition(f"{record.levelname:<7} ")
-            text = f"{head}{record.levelname:<7} [{record.name}] {rest}"
-        return text
+        return super().format(record) if record.name == self.own else self.named.format(record)
 
 
 def _prefect_package() -> Path:
