@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from subprocs import holding
 
 from conveyor.errors import RunLockedError
 from conveyor.workspace import run_lock, state_dir
@@ -59,23 +60,12 @@ def test_a_second_run_in_another_process_fails_at_once(tmp_path: Path) -> None:
 
 
 def test_this_process_fails_at_once_while_another_holds_the_lock(tmp_path: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", TAKE_LOCK, str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
-        assert holder.stdout.readline().strip() == "locked"
+    with holding(TAKE_LOCK, str(tmp_path), ready="locked") as holder:
         start = time.perf_counter()
         with pytest.raises(RunLockedError, match=rf"holds {tmp_path / '.conveyor' / 'run.lock'} "
                                                  rf"\(pid {holder.pid}\)"), run_lock(tmp_path):
             pass
         assert time.perf_counter() - start < 1.0
-        holder.stdin.write("\n")
-        holder.stdin.close()
-        assert holder.wait(timeout=30) == 0
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
     with run_lock(tmp_path):  # released when the holder finished
         pass
 

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from subprocs import holding
 
 from conveyor.run.journal import Journal
 
@@ -154,19 +155,9 @@ def test_recovery_leaves_a_stage_that_is_still_running_alone(tmp_path: Path, pre
             print("writing", flush=True)
             sys.stdin.readline()
     """)
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
-        assert holder.stdout.readline().strip() == "writing"
+    with holding(script, str(tmp_path), ready="writing"):
         assert Journal(tmp_path).recover() == []  # another process holds it: not abandoned
         assert (tmp_path / "models/a.json").read_text() == "in progress"
-        holder.stdin.write("\n")
-        holder.stdin.close()
-        assert holder.wait(timeout=30) == 0
-    finally:
-        if holder.poll() is None:
-            holder.kill()
     assert (tmp_path / "models/a.json").read_text() == "in progress"  # it succeeded
     assert entries(tmp_path) == []
 
