@@ -193,7 +193,7 @@ def logs(
 
     root = _project(config).root if config else _root_for_logs()
     path, found_run = find_log(root, stage, run_id)
-    err.print(f"log of {stage}, run {found_run}: {path}", style="dim", highlight=False)
+    err.print(f"log of {stage}, run {found_run}: {path}", style="dim", highlight=False, soft_wrap=True)
     sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))
 
 

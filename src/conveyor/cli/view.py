@@ -112,7 +112,7 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
         lines.append(Text(f"{name} failed: {st.error}", style="bold red"))
         if st.trace:
             lines.append(Text(st.trace, style="red"))
-        lines.append(Text(f"  its log: {logs}/{name}.log  (conveyor logs {name})"))
+        lines.append(_whole("  its log: ", f"{logs}/{name}.log  (conveyor logs {name})"))
     if record.not_run:
         lines.append(Text(f"not run: {', '.join(record.not_run)}", style="yellow"))
     lines += _metrics_lines(record, project)
