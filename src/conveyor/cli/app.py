@@ -234,10 +234,11 @@ def compile_dvc(
     config: SpecOption = None,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 with a diff if dvc.yaml drifted.")] = False,
 ) -> None:
-    """Write dvc.yaml from the spec, so `dvc repro` runs the same pipeline."""
-    from conveyor.dvc.compile import drift, dvc_yaml, render
+    """Write dvc.yaml from the spec, so `dvc repro` runs the same pipeline (never over a hand-written one)."""
+    from conveyor.dvc.compile import drift, dvc_yaml, refuse_hand_written, write_dvc_yaml
 
     project = _project(config)
+    refuse_hand_written(dvc_yaml(project))  # --check too: a hand-written dvc.yaml is no drift to diff
     if check:
         diff = drift(project)
         if diff is not None:
@@ -249,10 +250,7 @@ def compile_dvc(
     from conveyor.dvc.record import carry_into_dvc_lock, up_to_date_in_own_record
 
     fresh = up_to_date_in_own_record(project) if (project.root / ".dvc").is_dir() else []
-    path = dvc_yaml(project)
-    tmp = path.with_name(".dvc.yaml.tmp")
-    tmp.write_text(render(project), encoding="utf-8")
-    os.replace(tmp, path)
+    path = write_dvc_yaml(project)
     out.print(f"wrote {project.rel(path)} ({len(project.order)} stages) from {project.rel(project.spec_path)}")
     carried = carry_into_dvc_lock(project, fresh)
     if carried:

@@ -5,6 +5,9 @@ threads and a dask profile, Prefect flows and prefect.yaml, tests), named after 
 directory. Then git is initialised (unless the directory is inside a repository already),
 DVC too (``--subdir`` inside one), and dvc.yaml is compiled from the spec, so that
 ``conveyor run``, ``dvc repro`` and ``python -m pytest`` all work in it at once.
+
+It never replaces a file of the user's: DIR must be new or empty, and every file is
+created exclusively, so one that appeared meanwhile stops init rather than being overwritten.
 """
 
 from __future__ import annotations
@@ -34,9 +37,16 @@ def init_project(target: Path) -> Path:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"{target} is not empty: conveyor init makes a project in a new or empty directory "
                          "(pass another DIR)")
+    blocker = next((folder for folder in target.parents if folder.exists() and not folder.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"{blocker} is a file: conveyor init cannot make {target} inside it (pass another DIR)")
     if shutil.which("git") is None:
         raise UsageError("conveyor init needs git (DVC versions the project's data through it): install git")
-    _copy_template(target, project_name(target.name))
+    try:
+        _copy_template(target, project_name(target.name))
+    except FileExistsError as exc:  # made there while init ran
+        raise UsageError(f"{exc.filename} appeared while conveyor init ran: it never replaces a file "
+                         "(pass another DIR)") from exc
     repository = _git_toplevel(target)
     if repository is None:
         subprocess.run(["git", "init", "-q"], cwd=target, check=True)
@@ -52,7 +62,8 @@ def _copy_template(target: Path, name: str) -> None:
             continue
         path = target / rel.parent / RENAMED.get(rel.name, rel.name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source.read_text(encoding="utf-8").replace(PLACEHOLDER, name), encoding="utf-8")
+        with path.open("x", encoding="utf-8") as fh:  # "x": never over a file that is there
+            fh.write(source.read_text(encoding="utf-8").replace(PLACEHOLDER, name))
 
 
 def _git_toplevel(folder: Path) -> Path | None:
@@ -76,8 +87,7 @@ def _init_dvc(root: Path, *, subdir: bool) -> None:
 
 
 def _compile(root: Path) -> None:
-    from conveyor.dvc.compile import dvc_yaml, render
+    from conveyor.dvc.compile import write_dvc_yaml
     from conveyor.spec.project import DEFAULT_SPEC, load_project
 
-    project = load_project(root / DEFAULT_SPEC)
-    dvc_yaml(project).write_text(render(project), encoding="utf-8")
+    write_dvc_yaml(load_project(root / DEFAULT_SPEC))
