@@ -122,3 +122,24 @@ def test_schedule_keeps_the_given_order() -> None:
     assert Schedule(graph, set(graph), order=["c", "b", "a"]).ready() == ["c", "b", "a"]
 
 
+
+
+def test_a_pool_runs_at_most_its_limit_at_once_and_others_are_not_held_back() -> None:
+    """
+    a ──► b1, b2, b3 (local, 2 at a time)
+    └───► g          (on a profile: no limit here)
+    """
+    graph = g(a="", b1="a", b2="a", b3="a", g="a")
+    schedule = Schedule(graph, set(graph), pool_of={"a": "local", "b1": "local", "b2": "local", "b3": "local"},
+                        limits={"local": 2})
+    assert schedule.ready() == ["a"]
+    schedule.finish("a", Outcome.SUCCEEDED)
+    assert schedule.ready() == ["b1", "b2", "g"]
+    assert schedule.ready() == []  # b3 waits for room
+    schedule.finish("g", Outcome.SUCCEEDED)
+    assert schedule.ready() == []
+    schedule.finish("b1", Outcome.SKIPPED)
+    assert schedule.ready() == ["b3"]
+    schedule.finish("b2", Outcome.FAILED)
+    schedule.finish("b3", Outcome.SUCCEEDED)
+    assert schedule.finished

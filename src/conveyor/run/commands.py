@@ -1,11 +1,11 @@
 """``cmd`` stages: shell commands run in their own process group, here or on a Dask worker.
 
-A command runs through ``/bin/sh`` under a guard (:mod:`conveyor.run.guard`) that leads a
-new process group: a timeout, Ctrl-C or the end of the run kills the whole group (the
-shell, and everything the command started), and the guard kills it by itself when the
-process that started it dies, kill -9 included. Its stdout and stderr are read line by
-line and handed to a sink (the stage's log file and the live view); a non-zero exit
-fails the stage with the last lines of stderr.
+A command runs through ``/bin/sh`` (a dvc.yaml's: the shell ``dvc repro`` uses) under a
+guard (:mod:`conveyor.run.guard`) that leads a new process group: a timeout, Ctrl-C or the
+end of the run kills the whole group (the shell, and everything the command started), and
+the guard kills it by itself when the process that started it dies, kill -9 included. Its
+stdout and stderr are read line by line and handed to a sink (the stage's log file and the
+live view); a non-zero exit fails the stage with the last lines of stderr.
 
 On a Dask profile the same code runs inside a Dask task on one worker, where the guard is
 the worker's child; lines travel back as Dask events (``Worker.log_event``) and a cancel
@@ -51,6 +51,7 @@ class Command:
     env: Mapping[str, str] = field(default_factory=dict)  # added to the environment it runs in
     timeout_s: float | None = None
     own_gpu: bool = False  # dask-cuda: only the worker's own GPU is visible to the command
+    shell: tuple[str, ...] = ("/bin/sh", "-c")  # the argv before each command
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _start(command: Command) -> subprocess.Popen[bytes]:
     if command.own_gpu and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"].split(",")[0]  # dask-cuda lists its own first
     return subprocess.Popen(
-        [sys.executable, "-I", str(GUARD), json.dumps(list(command.commands))],
+        [sys.executable, "-I", str(GUARD), json.dumps(list(command.commands)), json.dumps(list(command.shell))],
         cwd=command.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,  # its own group: signals from the terminal go to conveyor, not to it
     )

@@ -1,7 +1,7 @@
 """The guard of one ``cmd`` stage: runs its commands, and takes them down with the runner.
 
-Started by :mod:`conveyor.run.commands` as ``python -I guard.py '["cmd", ...]'`` in a new
-session, so the guard, ``/bin/sh`` and everything the commands start share one process
+Started by :mod:`conveyor.run.commands` as ``python -I guard.py '["cmd", ...]' '["/bin/sh", "-c"]'``
+in a new session, so the guard, the shell and everything the commands start share one process
 group that the runner can signal as a whole (a timeout, Ctrl-C). The guard's stdin is a
 pipe whose other end only the runner holds: when the runner dies, even by kill -9, the
 kernel closes it, the guard reads end-of-file and kills the whole group. Commands run one
@@ -32,9 +32,10 @@ def _watch_runner() -> None:
 
 def main(argv: list[str]) -> int:
     commands = json.loads(argv[1])
+    shell = json.loads(argv[2]) if len(argv) > 2 else ["/bin/sh", "-c"]
     threading.Thread(target=_watch_runner, daemon=True).start()
     for command in commands:
-        code = subprocess.call(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL)
+        code = subprocess.call([*shell, command], stdin=subprocess.DEVNULL)
         if code != 0:
             return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
     return 0

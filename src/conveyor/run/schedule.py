@@ -7,6 +7,8 @@ and ``conveyor exec`` drive it; see :mod:`conveyor.prefect.flow`.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -27,7 +29,8 @@ class Schedule:
     """Which stages may start now: the one scheduling loop's state, events in, work out.
 
     Stages outside ``selected`` count as satisfied. A failure marks every stage downstream
-    of it ``not_run``; independent branches go on.
+    of it ``not_run``; independent branches go on. A stage waits for room in its pool
+    (``pool_of``, ``limits``: e.g. local commands, as many at once as there are cores).
 
         a ──► b ──► d        a fails → b, d not run; c still runs
         └───► c
@@ -38,6 +41,9 @@ class Schedule:
     order: list[str] = field(default_factory=list)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
+    # how many stages of one pool may run at once (a pool absent here: no limit)
+    pool_of: Mapping[str, str] = field(default_factory=dict)
+    limits: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.order:
@@ -45,13 +51,20 @@ class Schedule:
         self.order = [n for n in self.order if n in self.selected]
 
     def ready(self) -> list[str]:
-        """Stages whose upstream all succeeded or were skipped, not yet started; marks them started."""
+        """Stages whose upstream all succeeded or were skipped, not yet started, with room in
+        their pool (in order); marks them started."""
         ok = {Outcome.SUCCEEDED, Outcome.SKIPPED}
-        ready = [
-            name for name in self.order
-            if name not in self.started
-            and all(u not in self.selected or self.outcomes.get(u) in ok for u in self.graph[name])
-        ]
+        busy = Counter(self.pool_of.get(name, "") for name in self.running)
+        ready = []
+        for name in self.order:
+            if name in self.started or not all(u not in self.selected or self.outcomes.get(u) in ok
+                                                for u in self.graph[name]):
+                continue
+            pool = self.pool_of.get(name, "")
+            if pool in self.limits and busy[pool] >= self.limits[pool]:
+                continue
+            busy[pool] += 1
+            ready.append(name)
         self.started.update(ready)
         return ready
 
