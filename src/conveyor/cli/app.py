@@ -41,7 +41,8 @@ def _complete_stages(ctx: typer.Context, incomplete: str) -> list[str]:
 
 # A flag's metavar is "" so help does not show a type (typer 0.29 would print <bool>).
 SpecOption = Annotated[Path | None, typer.Option(
-    "-c", "--config", metavar="FILE", help="Spec file (default: configs/pipeline.yaml under the project root).")]
+    "-c", "--config", metavar="FILE",
+    help="Spec file (default: configs/pipeline.yaml under the project root, else its dvc.yaml).")]
 # Arguments carry no help= (typer would print their Python type): commands describe them.
 StagesArg = Annotated[list[str] | None, typer.Argument(metavar="STAGE", autocompletion=_complete_stages, hidden=True)]
 DownstreamOption = Annotated[bool, typer.Option(
@@ -74,13 +75,15 @@ def _project(config: Path | None) -> Project:
     return load_project(resolve_spec(config))
 
 
-def _check_stages(project: Project, stages: list[str]) -> None:
-    unknown = [s for s in stages if s not in project.pipeline.stages]
+def _check_stages(project: Project, stages: list[str]) -> list[str]:
+    """The stages named (a matrix group: all its items); a UsageError for an unknown one."""
+    found, unknown = project.expand(stages)
     if unknown:
         from conveyor.spec.models import did_you_mean
 
         hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
         raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
+    return found
 
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
@@ -109,8 +112,7 @@ def run(
     STAGE...: the stages to run, with their upstream (all when omitted).
     """
     project = _project(config)
-    targets = stages or []
-    _check_stages(project, targets)
+    targets = _check_stages(project, stages or [])
     if single_item and not targets:
         raise UsageError("-s/--single-item runs only the stages you name: name at least one "
                          f"(stages: {', '.join(project.order)})")
@@ -124,10 +126,9 @@ def run(
     if dry_run:
         _recover_outs(project)
         from conveyor.cli.view import status_table
-        from conveyor.dvc.record import open_record
-        from conveyor.plan.fingerprint import plan
+        from conveyor.dvc.record import stale
 
-        out.print(status_table(plan(project, selected, open_record(project), force=force)))
+        out.print(status_table(stale(project, selected, force=force)))
         return
     from conveyor.run.capture import capture_output
     from conveyor.run.logs import log_path
@@ -170,12 +171,11 @@ def status(
 ) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
     from conveyor.cli.view import status_table
-    from conveyor.dvc.record import open_record
-    from conveyor.plan.fingerprint import plan
+    from conveyor.dvc.record import stale
 
     project = _project(config)
     _recover_outs(project)
-    reasons = plan(project, set(project.order), open_record(project))
+    reasons = stale(project, set(project.order))
     out.print(status_table(reasons))
     if exit_code and any(reasons.values()):
         raise typer.Exit(1)
@@ -238,6 +238,10 @@ def compile_dvc(
     from conveyor.dvc.compile import drift, dvc_yaml, refuse_hand_written, write_dvc_yaml
 
     project = _project(config)
+    if project.dvc is not None:
+        raise UsageError(f"{project.rel(project.spec_path)} runs {project.rel(project.dvc.file)} as it is: there is "
+                         "nothing to compile (compile writes dvc.yaml from a conveyor spec such as "
+                         "configs/pipeline.yaml)")
     refuse_hand_written(dvc_yaml(project))  # --check too: a hand-written dvc.yaml is no drift to diff
     if check:
         diff = drift(project)
@@ -265,7 +269,9 @@ def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocomplet
     from conveyor.run.stage import run_one
 
     project = _project(config)
-    _check_stages(project, [stage])
+    found = _check_stages(project, [stage])
+    if found != [stage]:
+        raise UsageError(f"exec runs exactly one stage: '{stage}' is {len(found)} ({', '.join(found)}); name one")
     run_one(project, stage)
 
 

@@ -144,7 +144,7 @@ def _metrics_lines(record: RunRecord, project: Project) -> list[RenderableType]:
             continue
         shown = list(st.metrics.items())[:HEADLINE]
         more = len(st.metrics) - len(shown)
-        files = ", ".join(project.pipeline.stages[name].metrics)
+        files = ", ".join(project.metrics_of(name))
         text = "  ".join(f"{key} {value:.4g}" for key, value in shown) + (f"  (+{more} more)" if more else "")
         lines.append(Text.assemble(("metrics: ", "bold"), (f"{name} ", "cyan"), text, (f"  [{files}]", "dim")))
     return lines

@@ -1,7 +1,9 @@
-"""DVC's own ``dvc.lock`` as conveyor's record, for the spec ``dvc.yaml`` is compiled from.
+"""DVC's own ``dvc.lock`` as conveyor's record: for a dvc.yaml run as it is, and for the
+spec a dvc.yaml is compiled from.
 
-``conveyor run`` and ``dvc repro`` are the same pipeline with one fingerprint: after a
-stage succeeds under ``conveyor run`` it is committed through DVC's API (hashes into
+``conveyor run`` and ``dvc repro`` are the same pipeline with one fingerprint: DVC decides
+whether a stage changed, and after a stage succeeds under ``conveyor run`` it is recorded
+through DVC's own stage object, as ``dvc repro`` records it (hashes and lock entry into
 dvc.lock, outs into the DVC cache), so after either tool the other has nothing to do.
 DVC is imported only here, lazily.
 """
@@ -9,22 +11,29 @@ DVC is imported only here, lazily.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from conveyor.dvc.compile import compiled_from, drift
+from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.errors import RunLockedError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
-from conveyor.spec.project import Project, lookup
+from conveyor.spec.project import Project
+
+if TYPE_CHECKING:
+    from dvc.stage import PipelineStage
 
 
-def _reason(stage: str, entry: Any, code: set[str], project: Project, locked: Mapping[str, Any]) -> list[str]:
-    """DVC's status entry for a stage, in conveyor's words."""
+def _reason(entry: Any, code: set[str], params: Callable[[str, Mapping[str, str]], list[str]], root: Path
+            ) -> list[str]:
+    """DVC's status entry for a stage, in conveyor's words (paths relative to the project root)."""
     if isinstance(entry, str):
         return {"changed checksum": ["command or definition changed"], "changed command": ["command changed"],
                 "always changed": ["always changed"]}.get(entry, [entry])
@@ -33,52 +42,57 @@ def _reason(stage: str, entry: Any, code: set[str], project: Project, locked: Ma
         if kind == "changed deps":
             for path, state in changes.items():
                 if isinstance(state, dict):  # a params file: {key: "modified" | "new" | "deleted"}
-                    reasons += _param_reasons(project, stage, state, locked)
+                    reasons += params(path, state)
                 else:
-                    what = "code" if path in code else "dep"
-                    reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {path}")
+                    what = "code" if _rel(root, path) in code else "dep"
+                    reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {_rel(root, path)}")
         elif kind == "changed outs":
-            reasons += [_out_reason(project, path, state) for path, state in changes.items()]
+            reasons += [_out_reason(root, _rel(root, path), state) for path, state in changes.items()]
     return reasons
 
 
-def _out_reason(project: Project, path: str, state: str) -> str:
+def _rel(root: Path, path: str) -> str:
+    """A path as DVC names it (relative to the working directory) relative to the root."""
+    if "://" in path:
+        return path
+    full = Path(os.path.abspath(path))
+    return full.relative_to(root).as_posix() if full.is_relative_to(root) else str(full)
+
+
+def _out_reason(root: Path, path: str, state: str) -> str:
     """An out DVC calls changed, in plain words (a fresh clone's outs are 'missing', not 'not in cache')."""
-    if state == "deleted" or not (project.root / path).exists():
+    if state == "deleted" or not os.path.lexists(root / path):
         return f"out missing: {path}"
     if state == "not in cache":
         return f"out not in the DVC cache: {path}"
     return f"out changed: {path}"
 
 
-def _param_reasons(project: Project, stage: str, state: Mapping[str, str], locked: Mapping[str, Any]) -> list[str]:
-    """Leaf keys that changed (``params changed: train.xgb.booster.max_depth``)."""
-    old: Mapping[str, Any] = next(iter(locked.get(stage, {}).get("params", {}).values()), {})
-    reasons: list[str] = []
-    for key in state:
-        try:
-            new = lookup(project.params, key)
-        except KeyError:
-            new = None
-        reasons += param_changes(old.get(key), new, f"{key}.") or [f"params changed: {key}"]
-    return reasons
-
-
 class DvcRecord:
-    """DVC's dvc.lock and cache as conveyor's record (the spec dvc.yaml is compiled from).
+    """DVC's dvc.lock and cache as conveyor's record: for a dvc.yaml conveyor runs as it is
+    (SPEC.md §2.3), and for the spec a dvc.yaml is compiled from.
 
-    One DVC ``Repo`` per run; its lock is held for the whole run, so a concurrent
-    ``dvc repro`` (or another conveyor run) fails at once instead of racing on dvc.lock.
-    DVC's repo object is not thread-safe: every call goes through one mutex.
+    Each stage is DVC's own stage object, loaded once per run: DVC decides whether it
+    changed (``Stage.status``, what ``dvc status`` prints) and records a success the way
+    ``dvc repro`` does (``save``: hashes and the run cache; ``commit``: outs into the
+    cache and .gitignore; ``dump``: the stage's entry in dvc.lock, by DVC's lock writer).
+    DVC's repository lock is held for the whole run, so a concurrent ``dvc repro`` (or
+    another conveyor run) fails at once instead of racing on dvc.lock; stages finishing
+    at once are recorded one at a time (DVC's repo object is not thread-safe).
     """
 
     def __init__(self, project: Project) -> None:
         from dvc.repo import Repo
 
+        for name in ("dvc", "dvc_objects", "dvc_data"):  # DVC prints its records itself, as `dvc repro` does;
+            logging.getLogger(name).propagate = False     # passed on to the root logger, each line came twice
         self.project = project
+        self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
         self.repo = Repo(str(project.root))
         self._mutex = threading.RLock()
         self._code = {name: set(code_paths(project, name)) for name in project.order}
+        self._stages: dict[str, PipelineStage] = {}
+        self._locked: set[str] = set()
 
     @contextmanager
     def session(self) -> Iterator[DvcRecord]:
@@ -103,11 +117,20 @@ class DvcRecord:
             raise RunLockedError(f"DVC is running in {self.project.root} ({'; '.join(busy)}): wait for it to "
                                  "finish, then run again")
         try:
+            with self._mutex:
+                self._load()
             yield self
         finally:
             with self._mutex:
                 held.close()
                 self.repo.close()
+
+    def _load(self) -> None:
+        from dvc.dvcfile import load_file
+
+        dvcfile = load_file(self.repo, os.path.relpath(self.file, self.repo.root_dir))
+        self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
+        self._locked = set(dvcfile.lockfile_contents.get("stages", {}))
 
     def _running_dvc(self) -> list[str]:
         """Live DVC commands holding path locks (``dvc repro`` releases its repository lock while
@@ -120,6 +143,12 @@ class DvcRecord:
         holders = [*data.get("write", {}).values(), *(i for infos in data.get("read", {}).values() for i in infos)]
         return sorted({f"{h.get('cmd', 'dvc')} (pid {h['pid']})" for h in holders
                        if isinstance(h, dict) and _alive(int(h.get("pid", 0)))})
+
+    def _stage(self, name: str) -> PipelineStage:
+        if name not in self._stages:
+            raise UsageError(f"stage '{name}' is not in {self.project.rel(self.file)} as DVC reads it: "
+                             "run `conveyor compile`, then run again")
+        return self._stages[name]
 
     def locked_stages(self) -> dict[str, Any]:
         path = self.project.root / "dvc.lock"
@@ -134,22 +163,71 @@ class DvcRecord:
         from dvc.exceptions import DvcException
 
         with self._mutex:
-            locked = self.locked_stages()
-            if stage not in locked:
+            st = self._stage(stage)
+            if stage not in self._locked:
                 return ["never run"]
             try:
-                status = self.repo.status(targets=[stage])
+                status = st.status()
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
-        reasons: list[str] = []
-        for entry in status.get(stage, []):
-            reasons += _reason(stage, entry, self._code[stage], self.project, locked)
-        return reasons
+            entries = status.get(st.addressing, [])
+            return [r for entry in entries
+                    for r in _reason(entry, self._code[stage], partial(_params, st), self.project.root)]
+
+    def prepare(self, stage: str) -> None:
+        """What ``dvc repro`` does to a stage's outs before its command: a ``persist`` out linked
+        from the cache is made a copy, so the command cannot change the cache through it."""
+        with self._mutex:
+            for out in self._stage(stage).outs:
+                if out.persist and out.exists:
+                    out.unprotect()
+
+    def restore(self, stage: str) -> bool:
+        """Check the stage's outs out of DVC's run cache when it ran before with these very deps,
+        params and command (as ``dvc repro`` does instead of running it); False when it did not."""
+        from dvc.exceptions import DvcException
+        from dvc.stage.cache import RunCacheNotFoundError
+
+        with self._mutex:
+            st = self._stage(stage)
+            try:
+                st.repo.stage_cache.restore(st)
+            except RunCacheNotFoundError:
+                return False
+            except DvcException:  # a damaged cache entry: run the command instead
+                return False
+        return True
 
     def save(self, stage: str) -> None:
-        """Record a success: hashes into dvc.lock, outs into the DVC cache (``dvc commit -f``)."""
+        """Record a success as ``dvc repro`` does: hashes (and the run cache, unless an out is
+        uncached), outs into the DVC cache, the stage's entry in dvc.lock."""
         with self._mutex:
-            self.repo.commit(stage, force=True)
+            st = self._stage(stage)
+            uncached = any(not o.use_cache for o in st.outs if not (o.is_metric or o.is_plot))
+            st.save(run_cache=not uncached)
+            st.commit()
+            st.dump(update_pipeline=False)
+            self._locked.add(stage)
+
+
+def _params(stage: PipelineStage, path: str, state: Mapping[str, str]) -> list[str]:
+    """Leaf keys of a params file that changed (``params changed: train.lr 0.1 → 0.2``)."""
+    from dvc.dependency.param import ParamsDependency
+
+    for dep in stage.deps:
+        if isinstance(dep, ParamsDependency) and str(dep) == path:
+            old = dep.hash_info.value if dep.hash_info and isinstance(dep.hash_info.value, dict) else {}
+            try:
+                new = dep.read_params()
+            except Exception:  # noqa: BLE001 - DVC reports a broken params file itself
+                new = {}
+            reasons: list[str] = []
+            for key in state:
+                was = {key: old[key]} if key in old else {}
+                now = {key: new[key]} if key in new else {}
+                reasons += param_changes(was, now) or [f"params changed: {key}"]
+            return reasons
+    return [f"params changed: {key}" for key in state]
 
 
 def _alive(pid: int) -> bool:
@@ -198,8 +276,21 @@ def carry_into_dvc_lock(project: Project, stages: list[str]) -> list[str]:
 
 
 def open_record(project: Project) -> Record:
-    """DVC's record for the spec dvc.yaml is compiled from (in a DVC repo), else conveyor's own."""
+    """DVC's record for a dvc.yaml and for the spec dvc.yaml is compiled from (in a DVC repo),
+    else conveyor's own."""
+    if project.dvc is not None:
+        return DvcRecord(project)
     if compiled_from(project):
         check_compiled(project)
         return DvcRecord(project)
     return FingerprintRecord(project)
+
+
+def stale(project: Project, selected: set[str], *, force: bool = False) -> dict[str, list[str]]:
+    """Why each selected stage would run (``conveyor status``, ``run --dry-run``), asked of the
+    project's record as a run would ask it (DVC's under its repository lock)."""
+    from conveyor.plan.fingerprint import plan
+
+    record = open_record(project)
+    with record.session():
+        return plan(project, selected, record, force=force)

@@ -115,9 +115,7 @@ def stage_cmd(stage: str, project: Project) -> str | list[str]:
 
 def exec_cmd(stage: str, project: Project) -> str:
     """``conveyor exec STAGE [-c SPEC]``: how ``dvc repro`` runs a task stage."""
-    default = project.root / "configs" / "pipeline.yaml"
-    spec = "" if project.spec_path == default else f" -c {project.rel(project.spec_path)}"
-    return f"conveyor exec {stage}{spec}"
+    return f"conveyor exec {stage}{project.spec_option}"
 
 
 def code_paths(project: Project, stage: str) -> list[str]:
@@ -248,6 +246,15 @@ class Record(Protocol):
         """Why ``stage`` must run again; empty when it is up to date."""
         ...
 
+    def prepare(self, stage: str) -> None:
+        """Just before ``stage`` runs (DVC: a ``persist`` out linked from its cache becomes a copy)."""
+        ...
+
+    def restore(self, stage: str) -> bool:
+        """Bring back the outs of an earlier run with the very same inputs instead of running
+        (DVC's run cache); False when there is none."""
+        ...
+
     def save(self, stage: str) -> None:
         """Record that ``stage`` just succeeded, as the workspace is now."""
         ...
@@ -267,6 +274,12 @@ class FingerprintRecord:
     def reasons(self, stage: str) -> list[str]:
         state = current_state(self.project, stage, self.hasher)
         return stale_reasons(self.project, stage, state, self.lock.stages().get(stage))
+
+    def prepare(self, stage: str) -> None:
+        pass
+
+    def restore(self, stage: str) -> bool:
+        return False
 
     def save(self, stage: str) -> None:
         state = current_state(self.project, stage, self.hasher)

@@ -9,11 +9,12 @@ at the same time; a failure stops only what depends on it.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ from conveyor.spec.project import Project, load_project, resolve_spec
 from conveyor.workspace import run_lock
 
 log = logging.getLogger("conveyor")
+# stages with no profile run in the runner's own process tree: as many at once as there are cores
+LOCAL_STAGES = os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ class ForcedRecord:
     def reasons(self, stage: str) -> list[str]:
         return ["forced"] if stage in self.forced else self.inner.reasons(stage)
 
+    def prepare(self, stage: str) -> None:
+        self.inner.prepare(stage)
+
+    def restore(self, stage: str) -> bool:
+        return stage not in self.forced and self.inner.restore(stage)
+
     def save(self, stage: str) -> None:
         self.inner.save(stage)
 
@@ -76,7 +85,7 @@ def check_options(project: Project, options: RunOptions) -> None:
     """Unknown stages or profiles in ``options``: a UsageError before anything runs."""
     from conveyor.spec.models import did_you_mean
 
-    unknown = [s for s in (*options.stages, *options.forced) if s not in project.pipeline.stages]
+    unknown = project.expand([*options.stages, *options.forced])[1]
     if unknown:
         hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
         raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
@@ -89,7 +98,9 @@ def _stage_task(stage: str, runner: StageRunner) -> str:
 
 def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord) -> RunRecord:
     """Run the selected stages, each as soon as its upstream succeeded; fills ``run``."""
-    schedule = Schedule(project.graph, options.selected(project.graph), order=project.order)
+    local = {stage: "local" for stage, spec in project.pipeline.stages.items() if spec.on is None}
+    schedule = Schedule(project.graph, options.selected(project.graph), order=project.order,
+                        pool_of=local, limits={"local": LOCAL_STAGES})
     events: queue.Queue[str] = queue.Queue()
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
@@ -164,9 +175,7 @@ def resume_command(project: Project, run: RunRecord) -> str | None:
     """The command that re-runs what failed and everything after it."""
     if not run.failed:
         return None
-    spec = "" if project.spec_path == project.root / "configs/pipeline.yaml" \
-        else f" -c {project.rel(project.spec_path)}"
-    return f"conveyor run{spec} {' '.join(run.failed)} --downstream"
+    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream"
 
 
 def _summary_markdown(run: RunRecord) -> str:
@@ -195,6 +204,7 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
         raise UsageError("single_item runs only the stages you name: pass stages")
     options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}), single=single_item)
     check_options(project, options)
+    options = replace(options, stages=tuple(project.expand(options.stages)[0]))  # a matrix group: its items
     return final_state(run_in_flow(project, options, run_id))
 
 
@@ -220,7 +230,7 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     finally:
         for name, stage in run.stages.items():
             if stage.status in (Outcome.SUCCEEDED.value, Outcome.SKIPPED.value):
-                stage.metrics = stage_metrics(project.root, project.pipeline.stages[name].metrics)
+                stage.metrics = stage_metrics(project.root, project.metrics_of(name))
         run.write(project.root)
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")

@@ -124,10 +124,18 @@ class StageRunner:
     def _attempt(self, stage: str, resources: Resources, progress: StageProgress, attempt: int) -> None:
         spec = self.project.pipeline.stages[stage]
         path = log_path(self.project.root, self.run.run_id, stage)
+        frozen = stage in self.project.frozen  # DVC's frozen stage: its outs are checked, never rewritten
         with StageLog(path, stage, attempt, on_line=progress.note) as log:
             fn = self._import(stage, progress) if spec.task else None
-            with self.journal.protect(stage, spec.written, spec.persist):
-                if fn is not None:
+            with self.journal.protect(stage, () if frozen else spec.written, spec.persist):
+                if self.record is not None and not frozen:
+                    self.record.prepare(stage)
+                if frozen:
+                    log.line("out", f"{stage} is frozen: its command does not run; its outs are checked and recorded")
+                elif self.record is not None and not self.force and self.record.restore(stage):
+                    log.line("out", "restored from DVC's run cache: it ran before with these deps, params and command")
+                    self.run.stages[stage].reason += "; restored from DVC's run cache"
+                elif fn is not None:
                     self._call(fn, stage, resources, progress, stage_logger(stage))
                 else:
                     self._command(stage, resources, log)
@@ -157,9 +165,13 @@ class StageRunner:
 
     def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
         spec = self.project.pipeline.stages[stage]
-        command = Command(stage, spec.commands, cwd=str(self.project.root / (spec.wdir or "")),
-                          env={"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id},
-                          timeout_s=spec.timeout_s, own_gpu=bool(resources.devices))
+        env = {"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id}
+        shell: tuple[str, ...] = ("/bin/sh", "-c")
+        if self.project.dvc is not None:  # as `dvc repro` runs it: the user's shell, DVC's variables
+            env |= {"DVC_ROOT": str(self.project.root), "DVC_STAGE": stage}
+            shell = self.project.dvc.shell
+        command = Command(stage, spec.commands, cwd=str(self.project.root / (spec.wdir or "")), env=env,
+                          timeout_s=spec.timeout_s, own_gpu=bool(resources.devices), shell=shell)
 
         def sink(stream: str, line: str) -> None:
             log.line(stream, line)  # the live view shows the latest line

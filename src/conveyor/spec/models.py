@@ -287,6 +287,37 @@ class Pipeline(Model):
         return value
 
 
+class Placement(Model):
+    """Where the stages a glob matches run, and how they retry (a dvc.yaml's stages)."""
+
+    on: str | None = None
+    retries: Annotated[int, Field(ge=0)] | None = None
+    retry_delay_s: Annotated[float, Field(ge=0)] | None = None
+    timeout_s: Annotated[float, Field(gt=0)] | None = None
+
+
+class DvcPipeline(Model):
+    """A spec that runs an existing dvc.yaml as it is, adding only where its stages run.
+
+    ``placement`` maps stage-name globs (``train@*``) to a :class:`Placement`; every glob
+    that matches a stage applies, later ones overriding earlier ones key by key.
+    """
+
+    pipeline: str | None = None
+    dvc: str = "dvc.yaml"
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+    placement: dict[str, Placement] = Field(default_factory=dict)
+
+
+def parse_dvc_pipeline(doc: LoadedYaml) -> DvcPipeline:
+    """Validate a placement spec (``dvc: dvc.yaml``); every problem is reported at once."""
+    try:
+        return DvcPipeline.model_validate(doc.data)
+    except ValidationError as exc:
+        issues = [_issue(doc, dict(err)) for err in exc.errors()]
+        raise SpecError(sorted(issues, key=lambda i: i.line or 0)) from None
+
+
 def parse_pipeline(doc: LoadedYaml) -> Pipeline:
     """Validate the structure of a loaded spec; every problem is reported at once."""
     if not isinstance(doc.data, dict):
@@ -347,7 +378,9 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[str | int, ...]:
 
 def _allowed_keys(parent: tuple[str | int, ...], data: Any) -> list[str]:
     if not parent:
-        return list(Pipeline.model_fields)
+        return list(DvcPipeline.model_fields if "dvc" in data else Pipeline.model_fields)
+    if parent[0] == "placement" and len(parent) == 2:
+        return list(Placement.model_fields)
     if parent[0] == "stages" and len(parent) == 2:
         return [field.alias or name for name, field in Stage.model_fields.items()]
     if parent[0] == "stages" and len(parent) == 4 and parent[2] in ("outs", "metrics"):

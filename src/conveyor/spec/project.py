@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,14 @@ import yaml
 from conveyor.errors import SpecError, SpecIssue, UsageError
 from conveyor.plan import dag
 from conveyor.spec.checks import check_graph, check_references, stages_of, valid_stages
+from conveyor.spec.dvcyaml import DvcSource, is_placement, load_dvc_project
 from conveyor.spec.interpolate import interpolate_stage, lookup
 from conveyor.spec.models import Pipeline, parse_pipeline
 from conveyor.spec.sources import local_sources
 from conveyor.spec.yamlmap import LoadedYaml, load_yaml
 
 DEFAULT_SPEC = Path("configs/pipeline.yaml")
+DVC_FILE = "dvc.yaml"
 ROOT_MARKERS = ("pyproject.toml", "dvc.yaml")
 
 __all__ = ["Project", "find_root", "load_project", "lookup", "resolve_spec"]
@@ -37,6 +39,7 @@ class Project:
 
     ``pipeline`` is the spec with ``${...}`` replaced (what runs); ``declared`` is the spec
     as written (what ``conveyor compile`` writes into dvc.yaml, for DVC to interpolate).
+    ``dvc`` is set when the stages come from an existing dvc.yaml (SPEC.md §2.3).
     """
 
     root: Path
@@ -46,6 +49,7 @@ class Project:
     params: Mapping[str, Any]
     graph: Mapping[str, frozenset[str]]
     declared: Pipeline | None = None
+    dvc: DvcSource | None = None
     # Task sources, found once per stage: stages check their fingerprint in parallel threads,
     # and CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch").
     _sources: dict[str, list[Path]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -59,6 +63,39 @@ class Project:
     @property
     def as_written(self) -> Pipeline:
         return self.declared or self.pipeline
+
+    @property
+    def frozen(self) -> frozenset[str]:
+        """Stages whose command never runs (DVC's ``frozen: true``): their outs are only checked."""
+        return self.dvc.frozen if self.dvc is not None else frozenset()
+
+    def metrics_of(self, stage: str) -> tuple[str, ...]:
+        """The metrics files ``stage`` writes (for a dvc.yaml, also the top-level ones in its outs)."""
+        if self.dvc is not None and self.dvc.metrics is not None:
+            return tuple(self.dvc.metrics.get(stage, ()))
+        return self.pipeline.stages[stage].metrics
+
+    @property
+    def spec_option(self) -> str:
+        """`` -c SPEC`` for a command line naming this project's spec; empty for the default one."""
+        try:
+            default = resolve_spec(None, self.root)
+        except UsageError:
+            default = None
+        return "" if self.spec_path == default else f" -c {self.rel(self.spec_path)}"
+
+    def expand(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Stage names as a command line gives them: a stage, or a matrix/foreach group
+        (``train`` for every ``train@...``, as ``dvc repro train``). Returns (stages, unknown)."""
+        stages: list[str] = []
+        unknown: list[str] = []
+        for name in names:
+            found = [name] if name in self.pipeline.stages else \
+                [s for s in self.order if s.startswith(f"{name}@")]
+            stages += found
+            if not found:
+                unknown.append(name)
+        return list(dict.fromkeys(stages)), unknown
 
     def stage_params(self, stage: str) -> dict[str, Any]:
         """The declared params of ``stage``: dotted key -> value."""
@@ -89,9 +126,16 @@ def find_root(start: Path) -> Path:
 
 
 def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
-    """``-c`` as given, else configs/pipeline.yaml under the project root."""
+    """``-c`` as given, else configs/pipeline.yaml under the project root, else its dvc.yaml."""
     cwd = cwd or Path.cwd()
-    path = (cwd / spec) if spec is not None else find_root(cwd) / DEFAULT_SPEC
+    if spec is None:
+        root = find_root(cwd)
+        found = [p for p in (root / DEFAULT_SPEC, root / DVC_FILE) if p.is_file()]
+        if not found:
+            raise UsageError(f"no pipeline in {root}: neither {DEFAULT_SPEC} nor {DVC_FILE} is there "
+                             "(pass -c FILE, or make one with `conveyor init`)")
+        return found[0].resolve()
+    path = cwd / spec
     if not path.is_file():
         raise UsageError(f"spec file {path} not found (pass -c FILE)")
     return path.resolve()
@@ -103,11 +147,25 @@ def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
     The project is the one the spec lives in, else the one of ``cwd`` (a spec kept elsewhere).
     """
     spec_path = spec_path.resolve()
+    if spec_path.name == DVC_FILE:
+        return load_dvc_project(spec_path)
     try:
         root = find_root(spec_path.parent)
     except UsageError:
         root = find_root(cwd or Path.cwd())
     written = _load(spec_path)
+    if is_placement(written):
+        target = written.data.get("dvc")
+        if not isinstance(target, str) or Path(target).name != DVC_FILE:
+            raise SpecError([SpecIssue(spec_path, written.line(("dvc",)), "dvc",
+                                       f"names the dvc.yaml whose stages this spec places (got {target!r})")])
+        dvc_file = spec_path.parent / target
+        if not dvc_file.is_file():
+            dvc_file = root / target
+        if not dvc_file.is_file():
+            raise SpecError([SpecIssue(spec_path, written.line(("dvc",)), "dvc",
+                                       f"{target} not found next to the spec or at the project root ({root})")])
+        return load_dvc_project(dvc_file.resolve(), written)
     raw = written.data if isinstance(written.data, dict) else {}
     params_path = root / str(raw.get("params") or "params.yaml")
     params, issues = _load_params(params_path, written, raw)

@@ -1,0 +1,264 @@
+"""An existing ``dvc.yaml``, read through DVC's own code, as a conveyor project (SPEC.md §2.3).
+
+DVC's loader does the reading: its schema, ``vars``, ``${}`` interpolation, ``foreach``
+and ``matrix`` (stages named as DVC names them, ``train@small-0.1``), ``wdir``, params
+files, and its graph (edges, overlapping outs, cycles). What conveyor takes from each
+stage is what it needs to schedule and run it: the command, the paths it reads and
+writes (relative to the project root), ``persist``, ``frozen``, the declared metrics.
+Whether a stage changed and how it is recorded stay DVC's (:mod:`conveyor.dvc.record`).
+
+Where the stages run is added without touching dvc.yaml: a placement spec
+(``dvc: dvc.yaml``, ``profiles:``, ``placement:``) maps stage-name globs to a profile,
+retries and a timeout. DVC is imported only here and only when such a project is loaded.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from conveyor.errors import SpecError, SpecIssue
+from conveyor.spec.models import DvcPipeline, Pipeline, Stage, did_you_mean, parse_dvc_pipeline
+from conveyor.spec.yamlmap import LoadedYaml, load_yaml
+
+if TYPE_CHECKING:
+    from dvc.stage import PipelineStage
+
+    from conveyor.spec.project import Project
+
+
+@dataclass(frozen=True)
+class DvcSource:
+    """What a run needs to know of the dvc.yaml a project runs.
+
+    ``shell``: how DVC runs a command (the user's ``$SHELL`` without its rc files, as
+    ``dvc repro`` does); ``frozen``: stages whose command never runs (DVC only checks and
+    records their outs); ``metrics``: per stage, the metrics files dvc.yaml declares that
+    the stage writes (its own ``metrics:`` and the top-level ones under its outs).
+    """
+
+    file: Path
+    shell: tuple[str, ...]
+    frozen: frozenset[str] = frozenset()
+    metrics: Mapping[str, tuple[str, ...]] | None = None
+
+
+def is_placement(doc: LoadedYaml) -> bool:
+    """A spec that places the stages of a dvc.yaml (it has a top-level ``dvc:`` key)."""
+    return isinstance(doc.data, dict) and "dvc" in doc.data
+
+
+def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Project:
+    """The project that runs ``dvc_file``, placed as ``placement`` says (None: every stage local).
+
+    Raises :class:`SpecError` with every problem found: DVC's own complaints about the file
+    (with their line), placement globs that match no stage, unknown profiles, and what
+    conveyor cannot honour (an out outside the repository).
+    """
+    from conveyor.plan import dag
+    from conveyor.spec.project import Project
+
+    spec = parse_dvc_pipeline(placement) if placement is not None else DvcPipeline()
+    written = _read(dvc_file)
+    root, stages = _dvc_stages(dvc_file, written)
+    issues: list[SpecIssue] = []
+    converted: dict[str, Stage] = {}
+    for name, stage in stages.items():
+        body, problems = _stage_body(root, stage)
+        issues += [SpecIssue(dvc_file, written.line(_key(name, where)), f"stages.{_group(name)}.{where}", message)
+                   for where, message in problems]
+        converted[name] = Stage.model_validate(body)
+    if placement is not None:
+        converted, placed_issues = _placed(converted, spec, placement)
+        issues += placed_issues
+    if issues:
+        raise SpecError(issues)
+    graph = _graph(dvc_file, written, stages)
+    pipeline = Pipeline(pipeline=spec.pipeline or root.name, profiles=spec.profiles, stages=converted)
+    params_path = root / "params.yaml"
+    params = _params(params_path)
+    source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
+                       metrics=_metrics(dvc_file, root, stages, converted))
+    return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
+                   {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
+
+
+def _read(path: Path) -> LoadedYaml:
+    """dvc.yaml with the line of each key (for errors); DVC reports bad YAML itself."""
+    try:
+        return load_yaml(path)
+    except (OSError, yaml.YAMLError):
+        return LoadedYaml(path, None)
+
+
+def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, PipelineStage]]:
+    """DVC's stages of ``dvc_file`` by name, and the root of the DVC repository holding it."""
+    from dvc.dvcfile import load_file
+    from dvc.exceptions import DvcException, NotDvcRepoError
+    from dvc.repo import Repo
+
+    try:
+        repo = Repo(str(dvc_file.parent))
+    except NotDvcRepoError:
+        raise SpecError([SpecIssue(dvc_file, None, "", f"{dvc_file.parent} is not in a DVC repository: run "
+                                   "`git init && dvc init` there first (dvc.yaml runs inside one)")]) from None
+    try:
+        with repo:
+            loaded = load_file(repo, os.path.relpath(dvc_file, repo.root_dir))
+            stages = {stage.name: stage for stage in loaded.stages.values()}
+    except DvcException as exc:
+        raise SpecError(_dvc_issues(dvc_file, written, exc)) from None
+    if not stages:
+        raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", "no stages to run")])
+    return Path(repo.root_dir), stages
+
+
+_RESOLVE = re.compile(r"failed to parse '([^']*)' in '[^']*':\s*(.*)", re.DOTALL)
+
+
+def _dvc_issues(dvc_file: Path, written: LoadedYaml, exc: Exception) -> list[SpecIssue]:
+    """DVC's error about ``dvc_file`` as conveyor issues: file, line, key, what DVC said."""
+    cause = getattr(exc, "exc", None)
+    errors = getattr(cause, "errors", None)
+    if errors:  # schema: voluptuous errors, each with its key path
+        issues = []
+        for error in errors:
+            key = tuple(error.path)
+            what = "unknown key" if error.msg == "extra keys not allowed" else error.msg
+            hint = f" '{key[-1]}'" if what == "unknown key" and key else ""
+            issues.append(SpecIssue(dvc_file, written.line(key), ".".join(map(str, key)),
+                                    f"{what}{hint} (DVC's schema of dvc.yaml)"))
+        return issues
+    syntax = exc.__cause__  # YAML syntax: DVC's error wraps ruamel's, which has the line
+    mark = getattr(syntax, "problem_mark", None)
+    if mark is not None:
+        problem = getattr(syntax, "problem", None) or "not valid YAML"
+        return [SpecIssue(dvc_file, mark.line + 1, "", f"not valid YAML: {problem}")]
+    text = str(exc).strip()
+    found = _RESOLVE.match(text)
+    if found:  # interpolation: "failed to parse 'stages.a.cmd' in 'dvc.yaml': Could not find 'x'"
+        key = tuple(found.group(1).split("."))
+        return [SpecIssue(dvc_file, written.line(key), found.group(1), found.group(2).strip())]
+    return [SpecIssue(dvc_file, None, "", text)]
+
+
+def _key(stage: str, where: str) -> tuple[str, ...]:
+    return ("stages", _group(stage), *where.split("."))
+
+
+def _group(stage: str) -> str:
+    """The dvc.yaml key a stage comes from (``train@small`` from ``train``)."""
+    return stage.partition("@")[0]
+
+
+def _stage_body(root: Path, stage: PipelineStage) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A DVC stage as the body of a conveyor cmd stage, and what conveyor cannot honour in it."""
+    from dvc.dependency.param import ParamsDependency
+
+    problems: list[tuple[str, str]] = []
+    outs: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    for out in stage.outs:
+        kind = "metrics" if out.metric else "plots" if out.plot else "outs"
+        if not out.is_in_repo:
+            problems.append((kind, f"'{out.def_path}' lies outside the repository: conveyor keeps a failed "
+                             "stage's outs intact only inside it; write it inside the project"))
+            continue
+        item = {"path": _rel(root, out.fs_path), "persist": bool(out.persist)}
+        (metrics if out.metric else outs).append(item)
+    deps = [_rel(root, dep.fs_path) if dep.is_in_repo else dep.def_path
+            for dep in stage.deps if not isinstance(dep, ParamsDependency)]
+    commands = stage.cmd if isinstance(stage.cmd, list) else str(stage.cmd or "").splitlines()
+    commands = [c for c in commands if c.strip()]
+    if not commands:
+        problems.append(("cmd", "a stage without a command: conveyor runs commands (DVC's data sources "
+                         "are .dvc files, not stages)"))
+        commands = ["true"]
+    wdir = _rel(root, stage.wdir)
+    body = {"cmd": commands[0] if len(commands) == 1 else commands, "wdir": None if wdir == "." else wdir,
+            "deps": deps, "outs": outs, "metrics": metrics, "desc": stage.desc}
+    return body, problems
+
+
+def _rel(root: Path, path: str) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
+def _placed(stages: dict[str, Stage], spec: DvcPipeline, doc: LoadedYaml) -> tuple[dict[str, Stage], list[SpecIssue]]:
+    """``stages`` with the placement spec applied; every glob applies where it matches, in order."""
+    issues: list[SpecIssue] = []
+    settings: dict[str, dict[str, Any]] = {name: {} for name in stages}
+    for glob, placement in spec.placement.items():
+        matched = [name for name in stages if fnmatch.fnmatchcase(name, glob)]
+        if not matched:
+            issues.append(SpecIssue(doc.path, doc.line(("placement", glob)), f"placement.{glob}",
+                                    f"matches no stage of {spec.dvc}{did_you_mean(glob, stages)}; "
+                                    f"stages: {', '.join(stages)}"))
+        if placement.on is not None and placement.on not in spec.profiles:
+            issues.append(SpecIssue(doc.path, doc.line(("placement", glob, "on")), f"placement.{glob}.on",
+                                    f"unknown profile '{placement.on}'{did_you_mean(placement.on, spec.profiles)}"
+                                    f"; profiles: {', '.join(spec.profiles) or '(none: add profiles:)'}"))
+        for name in matched:
+            settings[name].update(placement.model_dump(exclude_none=True))
+    return {name: stage.model_copy(update=settings[name]) for name, stage in stages.items()}, issues
+
+
+def _graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, PipelineStage]) -> dict[str, frozenset[str]]:
+    """DVC's own graph of the stages (an edge where an out is, holds or lies in a dep)."""
+    from dvc.exceptions import DvcException
+    from dvc.repo.graph import build_graph
+
+    try:
+        graph = build_graph(list(stages.values()))
+    except DvcException as exc:  # overlapping outs, a cycle, an out that is also a dep
+        raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", " ".join(str(exc).split()))]
+                        ) from None
+    upstream: dict[str, set[str]] = {name: set() for name in stages}
+    for dependent, dependency in graph.edges:
+        if dependent.name in upstream and dependency.name in upstream:
+            upstream[dependent.name].add(dependency.name)
+    return {name: frozenset(ups) for name, ups in upstream.items()}
+
+
+def _metrics(dvc_file: Path, root: Path, stages: Mapping[str, PipelineStage],
+             converted: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
+    """Per stage, its metrics files: its own ``metrics:`` and the top-level ones inside its outs."""
+    top = _top_level_metrics(dvc_file, root)
+    found: dict[str, tuple[str, ...]] = {}
+    for name, stage in converted.items():
+        inside = [m for m in top if any(m == out or m.startswith(out.rstrip("/") + "/") for out in stage.outs)]
+        found[name] = tuple(dict.fromkeys([*stage.metrics, *inside]))
+    return found
+
+
+def _top_level_metrics(dvc_file: Path, root: Path) -> list[str]:
+    data = _read(dvc_file).data
+    listed = data.get("metrics") if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        return []
+    base = dvc_file.parent
+    return [_rel(root, str(base / m)) for m in listed if isinstance(m, str) and "${" not in m]
+
+
+def _params(path: Path) -> dict[str, Any]:
+    try:
+        data = load_yaml(path).data if path.exists() else None
+    except yaml.YAMLError:
+        return {}  # DVC reports a broken params file where a stage reads it
+    return data if isinstance(data, dict) else {}
+
+
+def _shell() -> tuple[str, ...]:
+    """The shell ``dvc repro`` runs a command with, as an argv prefix before the command."""
+    from dvc.stage.run import _make_cmd, get_executable
+
+    executable = get_executable()
+    return tuple(_make_cmd(executable, "")[:-1]) if executable else ("/bin/sh", "-c")
+
