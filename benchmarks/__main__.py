@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
-from benchmarks import harness, ingest_concurrency, parallel_branches, preprocess_workers
+from benchmarks import dvc_repro, harness, ingest_concurrency, parallel_branches, preprocess_workers
 
-BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers)}
+BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
+                                                          dvc_repro)}
 
 
 def _log(line: str) -> None:

@@ -1,0 +1,359 @@
+"""dvc-repro: `conveyor run` vs `dvc repro` of the same hand-written dvc.yaml.
+
+The peer is DVC itself: `dvc repro` of a DVC project's own dvc.yaml, which conveyor now
+runs as it is (DVC's parser, status and lock writer). A project made in a temporary
+directory with the real CLIs (``git init``, ``dvc init``) holds this dvc.yaml::
+
+                  +--> branch@a --+
+                  +--> branch@b --+
+    prepare ------+--> branch@c --+--> join
+                  +--> branch@d --+
+
+``prepare`` writes a small file; each branch (a ``foreach`` over a, b, c, d) sleeps a
+fixed time (the simulated work: waiting on a service, a GPU, a queue) and writes its out
+from prepare's; ``join`` concatenates the four. `dvc repro` runs one stage at a time, so
+its branches take 4 x sleep; conveyor runs independent local stages at once, as many as
+there are CPU cores (``os.cpu_count()``), so on a 2-core machine 2 at a time: 2 x sleep.
+The expected bound on the wall-time ratio is therefore 4 / ceil(4 / min(4, cores)) (2x
+on 2 cores, 4x on 4 or more), less what conveyor spends besides the stages (interpreter
+start, imports, loading dvc.yaml through DVC, the Prefect flow run) beyond what
+`dvc repro` spends on its own start and hashing.
+
+Every measured run starts from its own fresh copy of the same pristine project (no lock,
+no outs, no run cache), so both sides do the same work. The main figure runs conveyor
+against one `prefect server start` started here before any measurement (a long-running
+server, as a team would keep one); the cold figure lets `conveyor run` start its own
+embedded server each time, as it does when PREFECT_API_URL is unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
+from benchmarks.prefect_server import PrefectServer
+
+NAME = "dvc-repro"
+DESCRIPTION = "conveyor run vs dvc repro on the same hand-written dvc.yaml (4 independent branches)"
+ITEMS = ("a", "b", "c", "d")
+BRANCHES = [f"branch@{item}" for item in ITEMS]
+STAGES = ["prepare", *BRANCHES, "join"]
+OUTS = ["data/prepared.txt", *(f"out/{item}.txt" for item in ITEMS), "data/joined.txt"]
+UP_TO_DATE = "Data and pipelines are up to date."
+CORES = os.cpu_count() or 1  # conveyor's bound on local stages at once
+AT_ONCE = min(len(ITEMS), CORES)
+
+DVC_YAML = """\
+vars:
+  - sleep_s: {sleep_s}
+stages:
+  prepare:
+    cmd: mkdir -p data && printf 'prepared for the branches\\n' > data/prepared.txt
+    outs:
+      - data/prepared.txt
+  branch:
+    foreach: [{items}]
+    do:
+      cmd: sleep ${{sleep_s}} && mkdir -p out && (cat data/prepared.txt; echo ${{item}}) > out/${{item}}.txt
+      deps:
+        - data/prepared.txt
+      outs:
+        - out/${{item}}.txt
+  join:
+    cmd: cat {branch_outs} > data/joined.txt
+    deps: [{branch_deps}]
+    outs:
+      - data/joined.txt
+"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run left behind: its wall time, its outs, dvc.lock, the .gitignore files DVC keeps."""
+
+    wall: float
+    outs: Mapping[str, str]
+    lock: Mapping[str, Any]
+    gitignores: Mapping[str, str]
+    phases: tuple[float, float, float] | None = None  # conveyor: seconds before, in and after the flow
+    branch_s: tuple[float, ...] = ()  # conveyor: each branch's duration_s in the run record
+    at_once: int = 1  # most branches running at the same moment (conveyor's run record)
+
+
+def dvc_yaml(sleep_s: float) -> str:
+    outs = [f"out/{item}.txt" for item in ITEMS]
+    return DVC_YAML.format(sleep_s=sleep_s, items=", ".join(ITEMS), branch_outs=" ".join(outs),
+                           branch_deps=", ".join(outs))
+
+
+def _quiet_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {**env, "DVC_NO_ANALYTICS": "1", "COLUMNS": "160"}
+
+
+def _cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, env=_quiet_env(env), capture_output=True, text=True, timeout=600)
+    check(proc.returncode == 0, f"`{' '.join(args)}` in {cwd} exited {proc.returncode}:\n"
+                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def make_template(root: Path, sleep_s: float) -> None:
+    """The pristine project every run copies: a git repository, `dvc init`, the dvc.yaml, one commit."""
+    root.mkdir(parents=True)
+    env = dict(os.environ)
+    _cli(["git", "init", "-q"], root, env)
+    _cli(["dvc", "init", "-q"], root, env)
+    (root / "dvc.yaml").write_text(dvc_yaml(sleep_s))
+    _cli(["git", "add", "-A"], root, env)
+    _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "dvc.yaml"], root, env)
+
+
+def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+    """Most intervals open at the same moment (an end at the moment of a start does not overlap)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def observe(workdir: Path, env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
+    """After a run: `dvc status` is clean; the outs, dvc.lock (parsed) and every .gitignore."""
+    status = _cli(["dvc", "status"], workdir, env)
+    check(UP_TO_DATE in status.stdout, f"`dvc status` in {workdir.name} is not clean:\n{status.stdout[-3000:]}")
+    missing = [out for out in OUTS if not (workdir / out).is_file()]
+    check(not missing, f"{workdir.name}: outs missing after the run: {missing}")
+    outs = {out: (workdir / out).read_text() for out in OUTS}
+    lock = yaml.safe_load((workdir / "dvc.lock").read_text())
+    check(isinstance(lock, dict) and sorted(lock.get("stages", {})) == sorted(STAGES),
+          f"{workdir.name}: dvc.lock does not record exactly {STAGES}: {sorted((lock or {}).get('stages', {}))}")
+    ignores = {str(p.relative_to(workdir)): "\n".join(sorted(p.read_text().splitlines()))
+               for p in sorted(workdir.rglob(".gitignore")) if not _own_state(p.relative_to(workdir))}
+    return outs, lock, ignores
+
+
+def _own_state(path: Path) -> bool:
+    """A .gitignore of git's, DVC's or conveyor's own folders (not one DVC writes for outs)."""
+    return bool({".git", ".dvc", ".conveyor"} & set(path.parts))
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What conveyor's run record says of a run: the flow's span, the branches' durations, the most at once."""
+
+    started: datetime
+    finished: datetime
+    branch_s: tuple[float, ...]
+    at_once: int
+
+
+def _record(workdir: Path) -> Recorded:
+    """conveyor's run record of the run (``.conveyor/runs/latest.json``), checked: every stage ran."""
+    record: dict[str, Any] = json.loads((workdir / ".conveyor/runs/latest.json").read_text())
+    stages = record["stages"]
+    check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES)
+          and all(s["status"] == "succeeded" and "run cache" not in (s.get("reason") or "") for s in stages.values()),
+          f"{workdir.name}: not every stage ran: { {n: (s['status'], s.get('reason')) for n, s in stages.items()} }")
+    spans = [(datetime.fromisoformat(stages[b]["started"]), datetime.fromisoformat(stages[b]["finished"]))
+             for b in BRANCHES]
+    return Recorded(datetime.fromisoformat(record["started"]), datetime.fromisoformat(record["finished"]),
+                    tuple(float(stages[b]["duration_s"]) for b in BRANCHES), _max_overlap(spans))
+
+
+class Twins:
+    """Fresh copies of the template, one per run, removed once observed."""
+
+    def __init__(self, template: Path, scratch: Path) -> None:
+        self.template, self.scratch, self.count = template, scratch, 0
+
+    def run(self, side: str, args: list[str], env: Mapping[str, str]) -> Outcome:
+        self.count += 1
+        workdir = self.scratch / f"{self.count:03d}-{side}"
+        shutil.copytree(self.template, workdir, symlinks=True)
+        try:
+            began = datetime.now(UTC)
+            seconds, proc = timed(lambda: subprocess.run(args, cwd=workdir, env=_quiet_env(env), capture_output=True,
+                                                         text=True, timeout=600))
+            check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
+                                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            outs, lock, ignores = observe(workdir, env)
+            if args[0] != "conveyor":
+                return Outcome(seconds, outs, lock, ignores)
+            rec = _record(workdir)
+            before, flow = (rec.started - began).total_seconds(), (rec.finished - rec.started).total_seconds()
+            return Outcome(seconds, outs, lock, ignores, (before, flow, seconds - before - flow), rec.branch_s,
+                           rec.at_once)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def check_same(base: list[Outcome], cand: list[Outcome], what: str) -> None:
+    """Each repetition's two runs left equal outs, equal dvc.lock stage entries, equal .gitignore files."""
+    for i, (b, c) in enumerate(zip(base, cand, strict=True), start=1):
+        diff = [out for out in OUTS if b.outs[out] != c.outs[out]]
+        check(not diff, f"{what}, repetition {i}: outs differ: {diff}")
+        check(b.lock.get("schema") == c.lock.get("schema"), f"{what}, repetition {i}: dvc.lock schema differs")
+        lock_diff = [s for s in STAGES if b.lock["stages"][s] != c.lock["stages"][s]]
+        check(not lock_diff, f"{what}, repetition {i}: dvc.lock differs for {lock_diff}:\n"
+                             + "\n".join(f"  dvc repro: {b.lock['stages'][s]}\n  conveyor:  {c.lock['stages'][s]}"
+                                         for s in lock_diff))
+        check(b.gitignores == c.gitignores, f"{what}, repetition {i}: .gitignore files differ: dvc repro "
+                                            f"{b.gitignores} vs conveyor {c.gitignores}")
+
+
+def _cold_env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def _leftovers(home: Path, grace_s: float = 10) -> list[int]:
+    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (an embedded
+    server that outlived it); they are ended (they are this benchmark's) so as not to load the next run."""
+    deadline = time.monotonic() + grace_s
+    while (found := _with_env(home)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return found
+
+
+def _with_env(home: Path) -> list[int]:
+    marker = f"PREFECT_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def run(config: Config, log: Callable[[str], None]) -> Result:
+    sleep_s = 1.0 if config.quick else 3.0
+    repeats = config.reps(full=5, quick=2)
+    cold_repeats = 1 if config.quick else 2
+    scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-dvc-repro-"))
+    twins = Twins(scratch / "template", scratch)
+    cold_home = scratch / "prefect-home"
+    repro, conveyor = ["dvc", "repro"], ["conveyor", "run"]
+    try:
+        make_template(scratch / "template", sleep_s)
+        cold_home.mkdir()
+        log(f"{NAME}: starting prefect server")
+        with PrefectServer() as server:
+            log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
+            log(f"{NAME}: warm-up (one conveyor run on the server, not counted)")
+            twins.run("warm-up", conveyor, server.env)
+            log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
+            base, cand = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
+                                     lambda _i: twins.run("conveyor", conveyor, server.env), log)
+            startup_s = server.startup_s
+
+        def cold(_i: int) -> Outcome:
+            outcome = twins.run("conveyor-cold", conveyor, _cold_env(cold_home))
+            left = _leftovers(cold_home)
+            check(not left, f"conveyor run left processes of its embedded Prefect server running 10 s after it "
+                            f"exited (pids {left}, killed)")
+            return outcome
+
+        log(f"{NAME}: cold: one conveyor run with the embedded server to create its database, not counted")
+        cold(0)
+        log(f"{NAME}: {cold_repeats} interleaved repetitions, conveyor with its embedded server")
+        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: twins.run("dvc-repro", repro, os.environ),
+                                           cold, log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    check_same(base, cand, "shared server")
+    check_same(cold_base, cold_cand, "embedded server")
+    return _result(sleep_s, startup_s, (base, cand), (cold_base, cold_cand))
+
+
+def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Outcome]],
+            cold: tuple[list[Outcome], list[Outcome]]) -> Result:
+    base, cand = warm
+    serial_sleep = len(ITEMS) * sleep_s
+    parallel_sleep = math.ceil(len(ITEMS) / AT_ONCE) * sleep_s
+    wall = Metric("wall of the command (s), conveyor on a shared Prefect server",
+                  [o.wall for o in base], [o.wall for o in cand])
+    overhead = Metric(f"wall minus the sleeps it must wait (s): dvc {serial_sleep:g} s serial, conveyor "
+                      f"{parallel_sleep:g} s ({AT_ONCE} at once)",
+                      [o.wall - serial_sleep for o in base], [o.wall - parallel_sleep for o in cand])
+    cold_wall = Metric("wall of the command (s), conveyor starting its embedded Prefect server",
+                       [o.wall for o in cold[0]], [o.wall for o in cold[1]])
+    at_once = sorted({o.at_once for o in (*cand, *cold[1])})
+    check(at_once == [AT_ONCE], f"conveyor ran {at_once} branches at once, expected {AT_ONCE} "
+                                f"(min(4, os.cpu_count()={CORES}))")
+    bound = len(ITEMS) / math.ceil(len(ITEMS) / AT_ONCE)
+    cand_wall = statistics.median(wall.candidate)
+    before, flow, after = (statistics.median(o.phases[k] for o in cand if o.phases) for k in range(3))
+    extra = sorted(d - sleep_s for o in cand for d in o.branch_s)
+    cold_before, _, cold_after = (statistics.median(o.phases[k] for o in cold[1] if o.phases) for k in range(3))
+    return Result(
+        name=NAME, description=DESCRIPTION,
+        baseline="`dvc repro` in a fresh copy of the project (one stage at a time)",
+        candidate="`conveyor run` in another fresh copy of the same project (independent stages at once)",
+        repeats=len(base), metrics=[wall, overhead, cold_wall],
+        setup={"dvc.yaml": f"prepare -> branch@{{{','.join(ITEMS)}}} (foreach) -> join; each branch runs "
+                           f"`sleep {sleep_s:g}` then writes its out from prepare's; prepare and join only write",
+               "twins": "one pristine project (git init, dvc init, dvc.yaml, one commit) copied afresh for "
+                        "every run of either side: no dvc.lock, no outs, no run cache",
+               "ideal": f"dvc repro sleeps {serial_sleep:g} s; conveyor {AT_ONCE} at once on {CORES} cores, "
+                        f"{parallel_sleep:g} s: a wall ratio bound of {bound:.2f}x (before start-up costs)",
+               "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
+                                     "first measurement (not measured); PREFECT_API_URL points conveyor at it",
+               "prefect (row 3)": "PREFECT_API_URL unset: each `conveyor run` starts its embedded server "
+                                  "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
+                                  f"{len(cold[0])} repetition(s), each with its own dvc repro run",
+               "warm-up": "one conveyor run on the shared server, not counted (the first flow run registers "
+                          "the flow)"},
+        checks=["every run exited 0",
+                f"after every run `dvc status` printed {UP_TO_DATE!r}",
+                f"every out ({', '.join(OUTS)}) exists and is equal on both sides of each repetition",
+                "dvc.lock parsed as YAML: schema and every stage entry equal on both sides (stage order aside)",
+                "the .gitignore files DVC writes for outs list the same paths on both sides (conveyor's own "
+                ".conveyor/.gitignore aside)",
+                f"conveyor's run record: every stage succeeded, none restored from the run cache, and "
+                f"{AT_ONCE} branches ran at once (os.cpu_count() = {CORES})",
+                "no process of the embedded Prefect server outlived a cold run"],
+        notes=[f"wall minus the sum of the sleeps ({serial_sleep:g} s) on both sides: dvc repro "
+               f"{statistics.median(wall.baseline) - serial_sleep:.2f} s, conveyor {cand_wall - serial_sleep:.2f} s "
+               f"(medians; conveyor's is its overhead less the {serial_sleep - parallel_sleep:g} s its "
+               "overlapping sleeps save)",
+               f"where conveyor's {cand_wall:.2f} s go (medians, shared server; from its run record's started/"
+               f"finished): {before:.2f} s before the flow started (interpreter, imports of conveyor, Prefect and "
+               f"DVC, loading dvc.yaml through DVC, creating the flow run), {flow:.2f} s in the flow (stages: "
+               f"{parallel_sleep:g} s of sleeps on its critical path), {after:.2f} s after it (the flow engine "
+               "finishing, the summary, Prefect draining its workers at exit)",
+               f"with the embedded server instead (row 3): {cold_before:.2f} s before the flow started and "
+               f"{cold_after:.2f} s after it (starting and stopping the server on top of the above)",
+               f"conveyor's branch stages took their sleep plus median {extra[len(extra) // 2]:.2f} s, max "
+               f"{extra[-1]:.2f} s (the shell, DVC's hashing and recording, Prefect's task run)",
+               f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {_share(wall):.2f} with "
+               f"the shared server, {_share(cold_wall):.2f} with the embedded one"],
+    )
+
+
+def _share(metric: Metric) -> float:
+    """Median over repetitions of candidate / baseline (the fraction of dvc repro's time conveyor took)."""
+    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))
