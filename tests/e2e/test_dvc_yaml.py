@@ -284,6 +284,9 @@ def test_placement_adds_profiles_retries_and_timeouts_without_touching_dvc_yaml(
           slow: {timeout_s: 1}
         """)
     before = (project.root / "dvc.yaml").read_bytes()
+    planned = project.conveyor("run", "fit", "--dry-run", "-c", "configs/placed.yaml")  # a group: its items
+    assert planned.returncode == 0, planned.stderr
+    assert "fit@a" in planned.stdout and "fit@b" in planned.stdout and "slow" not in planned.stdout
     run = project.conveyor("run", "-c", "configs/placed.yaml")
     assert run.returncode == 1, run.stderr
     stages = project.record()["stages"]

@@ -240,17 +240,19 @@ def run_one(project: Project, stage: str) -> None:
     """Run exactly one stage now, in this process, with its profile (``conveyor exec``).
 
     Always runs. Under DVC (the spec dvc.yaml is compiled from) DVC decided it is due and
-    records it itself; for any other spec conveyor's own record is updated. A command's
+    records it itself; for a dvc.yaml run as it is, DVC's record is updated as `conveyor run`
+    updates it; for any other spec conveyor's own record is. A command's
     output goes to the terminal as well as to the stage's log.
     """
     from conveyor.dvc.compile import compiled_from
-    from conveyor.plan.fingerprint import FingerprintRecord
+    from conveyor.dvc.record import open_record
 
     for recovered in Journal(project.root).recover():
         logging.getLogger("conveyor").warning(RECOVERED.format(stage=recovered))
     run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
-    record = None if compiled_from(project) else FingerprintRecord(project)
-    with Profiles(project.pipeline.profiles) as profiles:
+    record = None if compiled_from(project) else open_record(project)
+    with record.session() if record is not None else nullcontext(), \
+            Profiles(project.pipeline.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[stage].on}):
             logging.getLogger("conveyor").warning("WARNING %s", warning)
         StageRunner(project, profiles, True, run, _QuietEvents(), record, echo=_echo)(stage)
