@@ -8,6 +8,7 @@ The DAG used by most tests::
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -246,6 +247,8 @@ def test_dag_formats(make_project: Callable[[], Project]) -> None:
     text = project.conveyor("dag").stdout
     assert "d (cpu)  <- b, c" in text
     mermaid = project.conveyor("dag", "--format", "mermaid").stdout
-    assert mermaid.startswith("flowchart TD") and "    b --> d" in mermaid
+    ids = dict(re.findall(r'^    (s\d+)\["(\w)', mermaid, re.MULTILINE))  # node id -> stage
+    edges = {(ids[a], ids[b]) for a, b in re.findall(r"^    (s\d+) --> (s\d+)$", mermaid, re.MULTILINE)}
+    assert mermaid.startswith("flowchart TD") and ("b", "d") in edges and ("a", "b") in edges
     dot = project.conveyor("dag", "--format", "dot").stdout
     assert '"a" -> "b";' in dot and dot.rstrip().endswith("}")

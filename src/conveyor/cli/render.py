@@ -15,8 +15,9 @@ def render_dag(project: Project, fmt: str) -> str:
     order, graph = project.order, project.graph
     edges = [(up, stage) for stage in order for up in sorted(graph[stage], key=order.index)]
     if fmt == "mermaid":
-        nodes = [f'    {s}["{_label(project, s)}"]' for s in order]
-        return "\n".join(["flowchart TD", *nodes, *(f"    {a} --> {b}" for a, b in edges)])
+        ids = {s: f"s{i}" for i, s in enumerate(order)}  # DVC's names (train@0.1-small) are not mermaid ids
+        nodes = [f'    {ids[s]}["{_label(project, s)}"]' for s in order]
+        return "\n".join(["flowchart TD", *nodes, *(f"    {ids[a]} --> {ids[b]}" for a, b in edges)])
     if fmt == "dot":
         nodes = [f'  "{s}" [label="{_label(project, s)}"];' for s in order]
         links = [f'  "{a}" -> "{b}";' for a, b in edges]
