@@ -128,7 +128,7 @@ class DvcRecord:
     def _load(self) -> None:
         from dvc.dvcfile import load_file
 
-        dvcfile = load_file(self.repo, os.path.relpath(self.file, self.repo.root_dir))
+        dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
         self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
         self._locked = set(dvcfile.lockfile_contents.get("stages", {}))
 

@@ -111,7 +111,7 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, Pi
                                    "`git init && dvc init` there first (dvc.yaml runs inside one)")]) from None
     try:
         with repo:
-            loaded = load_file(repo, os.path.relpath(dvc_file, repo.root_dir))
+            loaded = load_file(repo, str(dvc_file))  # absolute: DVC reads a relative path from the cwd
             stages = {stage.name: stage for stage in loaded.stages.values()}
     except DvcException as exc:
         raise SpecError(_dvc_issues(dvc_file, written, exc)) from None

@@ -1,0 +1,73 @@
+"""A dvc.yaml conveyor cannot take, and a placement spec with a mistake: every problem named
+with file, line and key (SPEC.md §2.3), read in-process through DVC's own loader.
+
+One DVC repository for the module (git and DVC initialised once); each case is a dvc.yaml
+in a folder of its own, as a monorepo has them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import SpecError
+from conveyor.spec.project import load_project
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("dvc-repo")
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    return root
+
+
+@pytest.mark.parametrize(("dvc_yaml", "placement", "expected"), [
+    ("stages:\n  a:\n    cmd: echo ${nope}\n", None, "dvc.yaml:3 stages.a.cmd: Could not find 'nope'"),
+    ("stages:\n  a:\n    cmd: echo hi\n    outz: [x]\n", None, "dvc.yaml:4 stages.a.outz: unknown key 'outz'"),
+    ("stages:\n  a:\n    cmd: [echo hi\n", None, "dvc.yaml:4 not valid YAML: did not find expected ',' or ']'"),
+    ("stages:\n  a:\n    cmd: echo hi\n    outs: [/tmp/elsewhere.txt]\n", None,
+     "stages.a.outs: '/tmp/elsewhere.txt' lies outside the repository"),
+    ("stages:\n  a:\n    cmd: echo a\n    outs: [x]\n  b:\n    cmd: echo b\n    outs: [x]\n", None,
+     "is specified in: - "),
+    ("stages:\n  train:\n    cmd: echo hi\n", "dvc: dvc.yaml\nplacement:\n  trian: {on: gpu}\n",
+     "placed.yaml:3 placement.trian: matches no stage of dvc.yaml (did you mean 'train'?)"),
+    ("stages:\n  train:\n    cmd: echo hi\n", "dvc: dvc.yaml\nplacement:\n  train: {on: gpu}\n",
+     "placed.yaml:3 placement.train.on: unknown profile 'gpu'"),
+    ("stages:\n  train:\n    cmd: echo hi\n", "dvc: dvc.yaml\nplacement:\n  train: {onn: cpu}\n",
+     "placed.yaml:3 placement.train.onn: unknown key 'onn' (did you mean 'on'?)"),
+])
+def test_a_dvc_yaml_conveyor_cannot_honour_is_an_error_naming_it(
+        repo: Path, dvc_yaml: str, placement: str | None, expected: str) -> None:
+    folder = repo / f"case-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / "dvc.yaml").write_text(dvc_yaml)
+    spec = folder / "dvc.yaml"
+    if placement is not None:
+        spec = folder / "placed.yaml"
+        spec.write_text(placement)
+    with pytest.raises(SpecError) as info:
+        load_project(spec)
+    assert info.value.exit_code == 2
+    assert expected in str(info.value), str(info.value)
+
+
+def test_a_placement_spec_places_matrix_items_by_glob(repo: Path) -> None:
+    folder = repo / "placed"
+    folder.mkdir()
+    (folder / "dvc.yaml").write_text("stages:\n  train:\n    matrix:\n      lr: [1, 2]\n"
+                                     "    cmd: echo ${item.lr}\n  report:\n    cmd: echo done\n")
+    (folder / "placed.yaml").write_text(
+        "dvc: dvc.yaml\nprofiles:\n  io: {kind: threads}\nplacement:\n"
+        "  '*': {timeout_s: 60}\n  'train@*': {on: io, retries: 2}\n  'train@2': {timeout_s: 5}\n")
+    project = load_project(folder / "placed.yaml")
+    stages = project.pipeline.stages
+    assert list(stages) == ["train@1", "train@2", "report"]
+    assert (stages["train@1"].on, stages["train@1"].retries, stages["train@1"].timeout_s) == ("io", 2, 60)
+    assert (stages["train@2"].on, stages["train@2"].timeout_s) == ("io", 5)  # later globs override
+    assert (stages["report"].on, stages["report"].timeout_s) == (None, 60)
+    assert project.expand(["train"]) == (["train@1", "train@2"], [])
+    assert stages["train@1"].wdir == "placed" and stages["train@1"].cmd == "echo 1"
