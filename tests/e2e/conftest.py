@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import textwrap
 import time
@@ -39,8 +40,10 @@ class Project:
                               text=True, timeout=timeout)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
+        """``conveyor`` as a terminal starts it: SIGINT at its default, even when the tests run
+        as a background job of a script (which ignores SIGINT, and its children inherit that)."""
         return subprocess.Popen(["conveyor", *args], cwd=self.root, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_sigint)
 
     def record(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.root / ".conveyor/runs/latest.json").read_text())
@@ -67,6 +70,10 @@ class Project:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return found
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture

@@ -63,6 +63,9 @@ def workers_in_rank_order(client: Client) -> list[str]:
     LocalCluster names are 0, 1, ... so this order is the same on every run.
     """
     info = client.scheduler_info(n_workers=-1)["workers"]
+    if not info:  # none registered at this instant (one restarting, a cluster still starting): wait for one
+        client.wait_for_workers(1, timeout=120)
+        info = client.scheduler_info(n_workers=-1)["workers"]
     return sorted(info, key=lambda addr: f"[xgboost.dask-{info[addr]['name']}]:{addr}")
 
 
