@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import ValidationError
 
 from conveyor.errors import SpecError, SpecIssue
 from conveyor.spec.models import DvcPipeline, Pipeline, Stage, did_you_mean, parse_dvc_pipeline
@@ -74,7 +75,11 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
         body, problems = _stage_body(root, stage)
         issues += [SpecIssue(dvc_file, written.line(_key(name, where)), f"stages.{_group(name)}.{where}", message)
                    for where, message in problems]
-        converted[name] = Stage.model_validate(body)
+        try:
+            converted[name] = Stage.model_validate(body)
+        except ValidationError as exc:  # what DVC accepts and a conveyor stage cannot hold
+            issues += [SpecIssue(dvc_file, written.line(("stages", _group(name))), f"stages.{_group(name)}",
+                                 f"{name}: {'.'.join(map(str, err['loc']))}: {err['msg']}") for err in exc.errors()]
     if placement is not None:
         converted, placed_issues = _placed(converted, spec, placement)
         issues += placed_issues
@@ -85,7 +90,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     params_path = root / "params.yaml"
     params = _params(params_path)
     source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
-                       metrics=_metrics(dvc_file, root, stages, converted))
+                       metrics=_metrics(dvc_file, root, converted))
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
 
@@ -227,8 +232,7 @@ def _graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, PipelineSta
     return {name: frozenset(ups) for name, ups in upstream.items()}
 
 
-def _metrics(dvc_file: Path, root: Path, stages: Mapping[str, PipelineStage],
-             converted: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
+def _metrics(dvc_file: Path, root: Path, converted: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
     """Per stage, its metrics files: its own ``metrics:`` and the top-level ones inside its outs."""
     top = _top_level_metrics(dvc_file, root)
     found: dict[str, tuple[str, ...]] = {}
