@@ -69,5 +69,5 @@ def test_a_placement_spec_places_matrix_items_by_glob(repo: Path) -> None:
     assert (stages["train@1"].on, stages["train@1"].retries, stages["train@1"].timeout_s) == ("io", 2, 60)
     assert (stages["train@2"].on, stages["train@2"].timeout_s) == ("io", 5)  # later globs override
     assert (stages["report"].on, stages["report"].timeout_s) == (None, 60)
-    assert project.expand(["train"]) == (["train@1", "train@2"], [])
+    assert project.expand(["train"]) == ["train@1", "train@2"]
     assert stages["train@1"].wdir == "placed" and stages["train@1"].cmd == "echo 1"

@@ -75,17 +75,6 @@ def _project(config: Path | None) -> Project:
     return load_project(resolve_spec(config))
 
 
-def _check_stages(project: Project, stages: list[str]) -> list[str]:
-    """The stages named (a matrix group: all its items); a UsageError for an unknown one."""
-    found, unknown = project.expand(stages)
-    if unknown:
-        from conveyor.spec.models import did_you_mean
-
-        hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
-        raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
-    return found
-
-
 def _overrides(pairs: list[str]) -> dict[str, str]:
     result: dict[str, str] = {}
     for pair in pairs:
@@ -112,7 +101,7 @@ def run(
     STAGE...: the stages to run, with their upstream (all when omitted).
     """
     project = _project(config)
-    targets = _check_stages(project, stages or [])
+    targets = project.expand(stages or [])
     if single_item and not targets:
         raise UsageError("-s/--single-item runs only the stages you name: name at least one "
                          f"(stages: {', '.join(project.order)})")
@@ -269,7 +258,7 @@ def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocomplet
     from conveyor.run.stage import run_one
 
     project = _project(config)
-    found = _check_stages(project, [stage])
+    found = project.expand([stage])
     if found != [stage]:
         raise UsageError(f"exec runs exactly one stage: '{stage}' is {len(found)} ({', '.join(found)}); name one")
     run_one(project, stage)

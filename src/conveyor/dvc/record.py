@@ -20,8 +20,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.errors import RunLockedError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
@@ -150,13 +148,9 @@ class DvcRecord:
                              "run `conveyor compile`, then run again")
         return self._stages[name]
 
-    def locked_stages(self) -> dict[str, Any]:
-        path = self.project.root / "dvc.lock"
-        if not path.exists():
-            return {}
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        stages = data.get("stages", {})
-        return stages if isinstance(stages, dict) else {}
+    def recorded(self, stage: str) -> bool:
+        """True when dvc.lock has an entry for ``stage`` (read once per session, kept as stages succeed)."""
+        return stage in self._locked
 
     def reasons(self, stage: str) -> list[str]:
         """Why DVC considers ``stage`` changed; empty when ``dvc status`` has nothing to say."""
@@ -164,7 +158,7 @@ class DvcRecord:
 
         with self._mutex:
             st = self._stage(stage)
-            if stage not in self._locked:
+            if not self.recorded(stage):
                 return ["never run"]
             try:
                 status = st.status()
@@ -269,7 +263,7 @@ def carry_into_dvc_lock(project: Project, stages: list[str]) -> list[str]:
         return []
     record = DvcRecord(project)
     with record.session():
-        fresh = [stage for stage in stages if stage not in record.locked_stages()]
+        fresh = [stage for stage in stages if not record.recorded(stage)]
         for stage in fresh:
             record.save(stage)
     return fresh

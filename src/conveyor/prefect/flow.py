@@ -83,12 +83,7 @@ class ForcedRecord:
 
 def check_options(project: Project, options: RunOptions) -> None:
     """Unknown stages or profiles in ``options``: a UsageError before anything runs."""
-    from conveyor.spec.models import did_you_mean
-
-    unknown = project.expand([*options.stages, *options.forced])[1]
-    if unknown:
-        hints = "".join(did_you_mean(s, project.pipeline.stages) for s in unknown)
-        raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(project.order)}")
+    project.expand([*options.stages, *options.forced])  # raises on unknown stage names
     Profiles(project.pipeline.profiles, options.profiles)  # raises on unknown profile names
 
 
@@ -204,7 +199,7 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
         raise UsageError("single_item runs only the stages you name: pass stages")
     options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}), single=single_item)
     check_options(project, options)
-    options = replace(options, stages=tuple(project.expand(options.stages)[0]))  # a matrix group: its items
+    options = replace(options, stages=tuple(project.expand(options.stages)))  # a matrix group: its items
     return final_state(run_in_flow(project, options, run_id))
 
 

@@ -90,7 +90,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     params_path = root / "params.yaml"
     params = _params(params_path)
     source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
-                       metrics=_metrics(dvc_file, root, converted))
+                       metrics=_metrics(written, root, converted))
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
 
@@ -232,9 +232,9 @@ def _graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, PipelineSta
     return {name: frozenset(ups) for name, ups in upstream.items()}
 
 
-def _metrics(dvc_file: Path, root: Path, converted: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
+def _metrics(written: LoadedYaml, root: Path, converted: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
     """Per stage, its metrics files: its own ``metrics:`` and the top-level ones inside its outs."""
-    top = _top_level_metrics(dvc_file, root)
+    top = _top_level_metrics(written, root)
     found: dict[str, tuple[str, ...]] = {}
     for name, stage in converted.items():
         inside = [m for m in top if any(m == out or m.startswith(out.rstrip("/") + "/") for out in stage.outs)]
@@ -242,12 +242,11 @@ def _metrics(dvc_file: Path, root: Path, converted: Mapping[str, Stage]) -> dict
     return found
 
 
-def _top_level_metrics(dvc_file: Path, root: Path) -> list[str]:
-    data = _read(dvc_file).data
-    listed = data.get("metrics") if isinstance(data, dict) else None
+def _top_level_metrics(written: LoadedYaml, root: Path) -> list[str]:
+    listed = written.data.get("metrics") if isinstance(written.data, dict) else None
     if not isinstance(listed, list):
         return []
-    base = dvc_file.parent
+    base = written.path.parent
     return [_rel(root, str(base / m)) for m in listed if isinstance(m, str) and "${" not in m]
 
 

@@ -22,7 +22,7 @@ from conveyor.plan import dag
 from conveyor.spec.checks import check_graph, check_references, stages_of, valid_stages
 from conveyor.spec.dvcyaml import DvcSource, is_placement, load_dvc_project
 from conveyor.spec.interpolate import interpolate_stage, lookup
-from conveyor.spec.models import Pipeline, parse_pipeline
+from conveyor.spec.models import Pipeline, did_you_mean, parse_pipeline
 from conveyor.spec.sources import local_sources
 from conveyor.spec.yamlmap import LoadedYaml, load_yaml
 
@@ -84,9 +84,9 @@ class Project:
             default = None
         return "" if self.spec_path == default else f" -c {self.rel(self.spec_path)}"
 
-    def expand(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
+    def expand(self, names: Sequence[str]) -> list[str]:
         """Stage names as a command line gives them: a stage, or a matrix/foreach group
-        (``train`` for every ``train@...``, as ``dvc repro train``). Returns (stages, unknown)."""
+        (``train`` for every ``train@...``, as ``dvc repro train``); a UsageError names any unknown one."""
         stages: list[str] = []
         unknown: list[str] = []
         for name in names:
@@ -95,7 +95,10 @@ class Project:
             stages += found
             if not found:
                 unknown.append(name)
-        return list(dict.fromkeys(stages)), unknown
+        if unknown:
+            hints = "".join(did_you_mean(s, self.pipeline.stages) for s in unknown)
+            raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(self.order)}")
+        return list(dict.fromkeys(stages))
 
     def stage_params(self, stage: str) -> dict[str, Any]:
         """The declared params of ``stage``: dotted key -> value."""
