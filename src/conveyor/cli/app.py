@@ -7,14 +7,14 @@ print as one clear message, never a traceback. Prefect is imported only by ``run
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from enum import StrEnum
+from functools import partial
 from importlib.metadata import version as installed_version
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -22,6 +22,10 @@ from rich.console import Console
 from conveyor.errors import ConveyorError, UsageError
 from conveyor.plan import dag
 from conveyor.spec.project import Project, load_project, resolve_spec
+
+if TYPE_CHECKING:
+    from conveyor.run.record import RunRecord
+    from conveyor.run.session import RunSession
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow.")
@@ -119,28 +123,42 @@ def run(
 
         out.print(status_table(stale(project, selected, force=force)))
         return
-    from conveyor.run.capture import capture_output
-    from conveyor.run.logs import log_path
     from conveyor.run.record import new_run_id
+    from conveyor.run.session import RunOptions, nothing_to_do, open_session
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    options = RunOptions(tuple(targets), downstream, force, overrides, single=single_item)
     run_id = new_run_id()
-    # imported first: Prefect's console handler keeps the real stderr, so its lines (flow and
-    # task runs, the embedded server) land in run.log, not in the stage that happens to run
-    from conveyor.prefect.flow import RunOptions, resume_command, run_pipeline
-
-    # The terminal shows the live view; everything else is in the logs (run.log: Prefect, Dask workers, ...).
-    with capture_output(log_path(project.root, run_id, "run"), verbose=verbose):
-        record = run_pipeline(project.spec_path, RunOptions(tuple(targets), downstream, force, overrides,
-                                                            single=single_item), run_id=run_id)
-    # Prefect stops its embedded server at exit, after its log and event workers have drained,
-    # and logs that at INFO on the terminal, below the summary: nothing a user needs there.
-    logging.getLogger("prefect").setLevel(logging.WARNING)
-    from conveyor.cli.view import summary
+    warn = partial(err.print, style="yellow", highlight=False)
+    # Decide first, under the run's locks: when nothing is due, no Prefect, server or cluster starts.
+    with open_session(project, options, warn=warn) as session:
+        if session.nothing_to_do:
+            record = nothing_to_do(session, run_id)
+        else:
+            record = _run_flow(project, session, run_id, verbose)
+    from conveyor.cli.view import resume_command, summary
 
     err.print(summary(record, project, resume_command(project, record)))
     if record.status != "succeeded":
         raise typer.Exit(1)
+
+
+def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
+    """Run the session's due stages as a Prefect flow: on the configured server, else a temporary one."""
+    from conveyor.prefect.server import prefect_api
+    from conveyor.run.capture import capture_output
+    from conveyor.run.logs import log_path
+
+    # Prefect is imported (by prefect_api, while a temporary server starts) before the capture:
+    # its console handler keeps the real stderr, which the capture then sends to run.log.
+    with prefect_api(log_path(project.root, run_id, "prefect-server")):
+        from conveyor.prefect.flow import run_pipeline
+
+        # The terminal shows the live view; everything else is in the logs (run.log: Prefect, Dask workers, ...).
+        with capture_output(log_path(project.root, run_id, "run"), verbose=verbose):
+            record = run_pipeline(session, run_id)
+        # Prefect's workers drain at exit and log that at INFO on the terminal, below the summary
+        logging.getLogger("prefect").setLevel(logging.WARNING)
+    return record
 
 
 @app.command()

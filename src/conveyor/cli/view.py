@@ -160,3 +160,10 @@ def status_table(reasons: Mapping[str, list[str]]) -> RenderableType:
         state = "stale" if why else "up to date"
         table.add_row(stage, Text(state, style="yellow" if why else "green"), "; ".join(why))
     return table
+
+
+def resume_command(project: Project, run: RunRecord) -> str | None:
+    """The command that re-runs what failed and everything after it."""
+    if not run.failed:
+        return None
+    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream"

@@ -202,13 +202,15 @@ def _changes(old: Any, new: Any, prefix: str) -> list[tuple[str, Any, Any]]:
 class LockRecord:
     """The per-spec record of each stage's last success, written atomically.
 
-    Stages finishing in parallel threads update it one at a time; every write replaces
-    the file whole (write to a sibling, then rename), so a crash never leaves it torn.
+    Read once, then kept in memory: stages finishing in parallel threads update it one at
+    a time, and every write replaces the file whole (write to a sibling, then rename), so
+    a crash never leaves it torn. libyaml reads and writes it where PyYAML has it.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._stages: dict[str, Any] | None = None
 
     @classmethod
     def for_project(cls, project: Project) -> LockRecord:
@@ -216,23 +218,38 @@ class LockRecord:
         return cls(state_dir(project.root) / "locks" / f"{rel}.lock")
 
     def stages(self) -> dict[str, Any]:
-        if not self.path.exists():
-            return {}
-        data = yaml.safe_load(self.path.read_text(encoding="utf-8")) or {}
-        stages = data.get("stages", {})
-        return stages if isinstance(stages, dict) else {}
+        with self._lock:
+            return dict(self._read())
+
+    def get(self, stage: str) -> Mapping[str, Any] | None:
+        """The recorded entry of ``stage``, or None."""
+        with self._lock:
+            entry = self._read().get(stage)
+            return entry if isinstance(entry, Mapping) else None
+
+    def _read(self) -> dict[str, Any]:
+        if self._stages is None:
+            data = yaml.load(self.path.read_text(encoding="utf-8"), Loader=_Loader) \
+                if self.path.exists() else None  # noqa: S506 - a safe loader (libyaml's)
+            stages = data.get("stages", {}) if isinstance(data, dict) else {}
+            self._stages = stages if isinstance(stages, dict) else {}
+        return self._stages
 
     def save(self, stage: str, state: StageState, params_file: str) -> None:
         with self._lock:
-            stages = self.stages()
+            stages = self._read()
             stages[stage] = state.to_lock(params_file)
             self._write({"schema": "2.0", "stages": stages})
 
     def _write(self, data: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        tmp.write_text(yaml.dump(data, Dumper=_Dumper, sort_keys=False), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class Record(Protocol):
@@ -273,7 +290,7 @@ class FingerprintRecord:
 
     def reasons(self, stage: str) -> list[str]:
         state = current_state(self.project, stage, self.hasher)
-        return stale_reasons(self.project, stage, state, self.lock.stages().get(stage))
+        return stale_reasons(self.project, stage, state, self.lock.get(stage))
 
     def prepare(self, stage: str) -> None:
         pass

@@ -26,8 +26,8 @@ from prefect import Flow
 from prefect.deployments.runner import RunnerDeployment
 
 from conveyor.errors import ConveyorError, DeployError
-from conveyor.prefect.flow import RunOptions, check_options
 from conveyor.prefect.retrain import retrain_plan
+from conveyor.run.session import RunOptions, check_options
 from conveyor.spec.project import ensure_importable, load_project, resolve_spec
 
 PREFECT_FILE = "prefect.yaml"

@@ -13,8 +13,7 @@ import os
 import queue
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,114 +24,86 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
 from conveyor.cli.view import RunView
-from conveyor.dvc.record import open_record
 from conveyor.errors import UsageError
-from conveyor.plan import dag
-from conveyor.plan.fingerprint import Record
-from conveyor.run.journal import RECOVERED, Journal
+from conveyor.run import capture
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome, Schedule
+from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
 from conveyor.run.stage import StageRunner, short_error
 from conveyor.spec.project import Project, load_project, resolve_spec
-from conveyor.workspace import run_lock
 
 log = logging.getLogger("conveyor")
 # stages with no profile run in the runner's own process tree: as many at once as there are cores
 LOCAL_STAGES = os.cpu_count() or 1
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What to run: a selection of stages (``dvc repro`` semantics), forced or not."""
-
-    stages: tuple[str, ...] = ()
-    downstream: bool = False
-    force: bool = False
-    profiles: Mapping[str, str] = field(default_factory=dict)
-    forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
-    single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
-
-    def selected(self, graph: dag.Graph) -> set[str]:
-        return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
-
-
-@dataclass(frozen=True)
-class ForcedRecord:
-    """A record that calls ``forced`` stages stale whatever their fingerprint; the rest as ``inner`` says."""
-
-    inner: Record
-    forced: frozenset[str]
-
-    def session(self) -> AbstractContextManager[Any]:
-        return self.inner.session()
-
-    def reasons(self, stage: str) -> list[str]:
-        return ["forced"] if stage in self.forced else self.inner.reasons(stage)
-
-    def prepare(self, stage: str) -> None:
-        self.inner.prepare(stage)
-
-    def restore(self, stage: str) -> bool:
-        return stage not in self.forced and self.inner.restore(stage)
-
-    def save(self, stage: str) -> None:
-        self.inner.save(stage)
-
-
-def check_options(project: Project, options: RunOptions) -> None:
-    """Unknown stages or profiles in ``options``: a UsageError before anything runs."""
-    project.expand([*options.stages, *options.forced])  # raises on unknown stage names
-    Profiles(project.pipeline.profiles, options.profiles)  # raises on unknown profile names
-
-
 def _stage_task(stage: str, runner: StageRunner) -> str:
     return runner(stage).value
 
 
-def execute(project: Project, options: RunOptions, view: RunView, run: RunRecord) -> RunRecord:
-    """Run the selected stages, each as soon as its upstream succeeded; fills ``run``."""
+def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
+    """Run the due stages of ``session``, each as soon as its upstream succeeded; fills ``run``.
+
+    A stage that is up to date is recorded skipped where the loop reaches it: only stages
+    that run become Prefect task runs (the summary artifact lists the others).
+    """
+    project, options = session.project, session.options
     local = {stage: "local" for stage, spec in project.pipeline.stages.items() if spec.on is None}
-    schedule = Schedule(project.graph, options.selected(project.graph), order=project.order,
+    schedule = Schedule(project.graph, session.selected, order=project.order,
                         pool_of=local, limits={"local": LOCAL_STAGES})
     events: queue.Queue[str] = queue.Queue()
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
+    tasks: dict[str, Any] = {}
     t0 = time.monotonic()
-    record: Record = open_record(project)
-    if options.forced:
-        record = ForcedRecord(record, frozenset(options.forced))
-    with run_lock(project.root), record.session(), \
-            Profiles(project.pipeline.profiles, options.profiles) as profiles:
+    with Profiles(project.pipeline.profiles, options.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
             view.console.print(f"[bold yellow]WARNING[/] {warning}")
-        for stage in Journal(project.root).recover():
-            view.console.print(RECOVERED.format(stage=stage), style="yellow", highlight=False)
-        runner = StageRunner(project, profiles, options.force, run, view, record)
+        runner = StageRunner(project, profiles, options.force, run, view, session.record)
 
-        def submit(stage: str) -> None:
+        def start(stage: str) -> bool:
+            """Submit ``stage`` as a task run if it is due; False when it is skipped (no task run)."""
+            reasons = session.due(stage)
+            record = run.stages[stage]
+            record.profile = profiles.resolve(project.pipeline.stages[stage].on) or "local"
+            record.started = now().isoformat()
+            if not reasons:
+                record.status, record.reason, record.finished = Outcome.SKIPPED.value, UP_TO_DATE, record.started
+                view.finished(stage, Outcome.SKIPPED, 0.0, UP_TO_DATE)
+                schedule.finish(stage, Outcome.SKIPPED)
+                return False
+            record.reason = "; ".join(reasons)
             spec = project.pipeline.stages[stage]
-            prefect_task = task(name=stage, task_run_name=stage, retries=spec.retries,
-                                retry_delay_seconds=spec.retry_delay_s,
-                                # a command enforces its own timeout: it kills its process group
-                                timeout_seconds=spec.timeout_s if spec.task else None,
-                                cache_policy=NO_CACHE, persist_result=False)(_stage_task)
+            if stage not in tasks:
+                tasks[stage] = task(name=stage, task_run_name=stage, retries=spec.retries,
+                                    retry_delay_seconds=spec.retry_delay_s,
+                                    # a command enforces its own timeout: it kills its process group
+                                    timeout_seconds=spec.timeout_s if spec.task else None,
+                                    cache_policy=NO_CACHE, persist_result=False)(_stage_task)
             began[stage] = time.monotonic()
-            futures[stage] = prefect_task.submit(stage, runner)
+            futures[stage] = tasks[stage].submit(stage, runner)
             futures[stage].add_done_callback(lambda _f: events.put(stage))
+            return True
+
+        def start_ready() -> None:
+            ready = schedule.ready()
+            while ready:  # a skipped stage may release its dependents at once
+                skipped = [stage for stage in ready if not start(stage)]
+                ready = schedule.ready() if skipped else []
 
         try:
-            for stage in schedule.ready():
-                submit(stage)
+            start_ready()
             while not schedule.finished:
                 stage = events.get()
                 outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view)
+                if outcome is Outcome.SUCCEEDED:
+                    session.ran.add(stage)
                 for lost in schedule.finish(stage, outcome):
                     run.stages[lost].reason = f"upstream '{stage}' failed"
                     view.finished(lost, Outcome.NOT_RUN, 0.0, run.stages[lost].reason)
-                for ready in schedule.ready():
-                    submit(ready)
+                start_ready()
         except KeyboardInterrupt:
             for stage in runner.interrupt():
                 run.stages[stage].status, run.stages[stage].error = Outcome.FAILED.value, "interrupted"
@@ -166,13 +137,6 @@ def pipeline_run_name() -> str:
         return "conveyor"
 
 
-def resume_command(project: Project, run: RunRecord) -> str | None:
-    """The command that re-runs what failed and everything after it."""
-    if not run.failed:
-        return None
-    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream"
-
-
 def _summary_markdown(run: RunRecord) -> str:
     rows = [f"| {n} | {s.status} | {s.duration_s:.1f} | {s.profile or ''} | {s.attempts} | "
             f"{(s.error or s.reason).replace('|', '/')} |" for n, s in run.stages.items()]
@@ -185,6 +149,11 @@ def _summary_markdown(run: RunRecord) -> str:
     ])
 
 
+# Sessions that `conveyor run` opened (and planned) before starting its flow, by run id:
+# the flow runs under the very session that decided something is due.
+_PREPARED: dict[str, RunSession] = {}
+
+
 def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | None = None,
                downstream: bool = False, force: bool = False, profile: Mapping[str, str] | None = None,
                single_item: bool = False, run_id: str | None = None) -> State[Any]:
@@ -194,6 +163,9 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
     ``conveyor run`` means by them; ``run_id`` names the run record (default: a new id).
     Returns the flow run's end state (Failed when a stage failed), carrying the run record.
     """
+    prepared = _PREPARED.pop(run_id, None) if run_id else None
+    if prepared is not None:
+        return final_state(run_in_flow(prepared.project, prepared.options, run_id, session=prepared))
     project = load_project(resolve_spec(Path(spec)))
     if single_item and not stages:
         raise UsageError("single_item runs only the stages you name: pass stages")
@@ -213,15 +185,21 @@ def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None 
                       single_item=single_item, run_id=run_id)
 
 
-def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None) -> RunRecord:
-    """Inside a flow run: execute, write the run record, publish the summary artifact."""
+def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None,
+                session: RunSession | None = None) -> RunRecord:
+    """Inside a flow run: execute, write the run record, publish the summary artifact.
+
+    ``session``: one already open and planned (``conveyor run``); else one is opened here.
+    """
+    if session is None:
+        with open_session(project, options, warn=_warn) as opened:
+            return run_in_flow(project, options, run_id, session=opened)
     run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""),
                     flow_run_url=_flow_run_url())
-    selected = options.selected(project.graph)
-    run.stages = {s: StageRecord() for s in project.order if s in selected}
+    run.stages = {s: StageRecord() for s in project.order if s in session.selected}
     try:
         with RunView(list(run.stages)) as view:
-            execute(project, options, view, run)
+            execute(session, view, run)
     finally:
         for name, stage in run.stages.items():
             if stage.status in (Outcome.SUCCEEDED.value, Outcome.SKIPPED.value):
@@ -232,12 +210,18 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     return run
 
 
+def _warn(line: str) -> None:
+    capture.console().print(line, style="yellow", highlight=False)
+
+
 def _flow_run_url() -> str | None:
-    """This flow run in Prefect's UI; None with the embedded server, whose UI ends with the run."""
+    """This flow run in Prefect's UI; None with a temporary server (it has no UI and ends with the run)."""
     from prefect.settings import PREFECT_API_URL
     from prefect.utilities.urls import url_for
 
-    if not PREFECT_API_URL.value() or flow_run.id is None:
+    from conveyor.prefect.server import TEMPORARY
+
+    if not PREFECT_API_URL.value() or PREFECT_API_URL.value() in TEMPORARY or flow_run.id is None:
         return None
     return url_for("flow-run", obj_id=flow_run.id)
 
@@ -250,11 +234,17 @@ def final_state(run: RunRecord) -> State[Any]:
     return Completed(message=message, data=run.to_dict())
 
 
-def run_pipeline(spec: Path, options: RunOptions, run_id: str | None = None) -> RunRecord:
-    """Run the flow in this process (embedded Prefect server unless PREFECT_API_URL is set)."""
-    state: State[Any] = pipeline_flow(spec=str(spec), stages=list(options.stages), downstream=options.downstream,
-                                      force=options.force, profile=dict(options.profiles),
-                                      single_item=options.single, run_id=run_id, return_state=True)
+def run_pipeline(session: RunSession, run_id: str) -> RunRecord:
+    """Run the flow of an open, planned session in this process (``conveyor run``)."""
+    options = session.options
+    _PREPARED[run_id] = session
+    try:
+        state: State[Any] = pipeline_flow(spec=str(session.project.spec_path), stages=list(options.stages),
+                                          downstream=options.downstream, force=options.force,
+                                          profile=dict(options.profiles), single_item=options.single,
+                                          run_id=run_id, return_state=True)
+    finally:
+        _PREPARED.pop(run_id, None)
     data: Any = state.result(raise_on_failure=False)
     if isinstance(data, BaseException):
         raise data

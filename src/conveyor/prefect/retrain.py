@@ -26,8 +26,9 @@ from conveyor.models import registry as reg
 from conveyor.models.registry import Candidate, Direction, MetricRef, PromotionRule
 from conveyor.plan.dag import overlaps
 from conveyor.plan.fingerprint import Hasher, LockRecord
-from conveyor.prefect.flow import RunOptions, check_options, run_in_flow
+from conveyor.prefect.flow import run_in_flow
 from conveyor.run.record import RunRecord, now
+from conveyor.run.session import RunOptions, check_options
 from conveyor.spec.project import Project, load_project, resolve_spec
 
 PROMOTION_ARTIFACT = "conveyor-promotion"

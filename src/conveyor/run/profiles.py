@@ -8,6 +8,7 @@ also on failure and Ctrl-C, so no Dask worker outlives the run. Heavy imports
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -48,6 +49,12 @@ def visible_gpus() -> tuple[int, ...]:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return tuple(range(len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])))
+    return _machine_gpus()
+
+
+@functools.cache
+def _machine_gpus() -> tuple[int, ...]:
+    """The GPUs nvidia-smi lists, asked once per process (it takes tens of milliseconds)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return ()

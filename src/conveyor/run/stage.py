@@ -1,4 +1,4 @@
-"""Running one stage: the skip check, its outs journal, a task or a command, the record update.
+"""Running one stage: its outs journal, a task or a command, the record update.
 
 Prefect-free, so ``conveyor exec`` (what ``dvc repro`` calls) and the Prefect flow share it.
 One mechanism for both kinds of stage: the journal (:mod:`conveyor.run.journal`) moves
@@ -59,7 +59,11 @@ def check_outs(root: Path, stage: str, declared: Sequence[str]) -> None:
 
 
 class StageRunner:
-    """Runs one attempt of one stage: skip check, outs journal, the task or command, record update."""
+    """Runs one attempt of one stage that is due: outs journal, the task or command, record update.
+
+    Whether a stage is due is decided before (:mod:`conveyor.run.session`); ``force`` also
+    keeps DVC's run cache from standing in for the run.
+    """
 
     def __init__(self, project: Project, profiles: Profiles, force: bool, run: RunRecord,
                  view: StageEvents, record: Record | None, echo: Sink | None = None) -> None:
@@ -81,12 +85,6 @@ class StageRunner:
             record.attempts += 1
             record.started = record.started or now().isoformat()
         record.profile = self.profiles.resolve(spec.on) or "local"
-        if record.attempts == 1:
-            reasons = self._reasons(stage)
-            if not reasons:
-                record.reason = "up to date"
-                return Outcome.SKIPPED
-            record.reason = "; ".join(reasons)
         resources = self.profiles.get(spec.on)
         progress = StageProgress()
         self.view.started(stage, record.profile, progress)
@@ -115,11 +113,6 @@ class StageRunner:
                                                           ctypes.py_object(KeyboardInterrupt)) == 1:
                 stopped.append(stage)
         return stopped
-
-    def _reasons(self, stage: str) -> list[str]:
-        if self.force or self.record is None:
-            return ["forced"]
-        return self.record.reasons(stage)
 
     def _attempt(self, stage: str, resources: Resources, progress: StageProgress, attempt: int) -> None:
         spec = self.project.pipeline.stages[stage]
@@ -249,7 +242,8 @@ def run_one(project: Project, stage: str) -> None:
 
     for recovered in Journal(project.root).recover():
         logging.getLogger("conveyor").warning(RECOVERED.format(stage=recovered))
-    run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline, stages={stage: StageRecord()})
+    run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline,
+                    stages={stage: StageRecord(reason="forced")})
     record = None if compiled_from(project) else open_record(project)
     with record.session() if record is not None else nullcontext(), \
             Profiles(project.pipeline.profiles) as profiles:

@@ -106,12 +106,13 @@ class Project:
 
     def task_sources(self, stage: str) -> list[Path]:
         """The source files of a stage's task: its module and the project modules it imports (none for a cmd)."""
-        with self._sources_lock:
-            if stage not in self._sources:
-                spec = self.pipeline.stages[stage]
-                found = local_sources(self.root, spec.module, self.pipeline.task_packages) if spec.task else set()
-                self._sources[stage] = sorted(found)
-            return list(self._sources[stage])
+        spec = self.pipeline.stages[stage]
+        if not spec.task:
+            return []
+        with self._sources_lock:  # per module: stages sharing a task module parse it once
+            if spec.module not in self._sources:
+                self._sources[spec.module] = sorted(local_sources(self.root, spec.module, self.pipeline.task_packages))
+            return list(self._sources[spec.module])
 
     def rel(self, path: Path) -> str:
         """``path`` relative to the root, or absolute when it lies outside (a spec given with -c)."""

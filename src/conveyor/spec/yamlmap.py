@@ -17,20 +17,26 @@ import yaml
 Key = tuple[str | int, ...]
 
 
-class Yaml12Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 booleans: only true/false are booleans.
+def _yaml12(base: Any) -> Any:
+    """``base`` with YAML 1.2 booleans: only true/false are booleans.
 
     YAML 1.1 also reads on/off/yes/no as booleans, which would turn a stage's ``on:``
     key into ``True``. DVC reads YAML 1.2 too, so params mean the same to both.
     """
+    loader: Any = type(f"Yaml12{base.__name__}", (base,), {})
+    loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.copy().items()
+    }
+    loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    return loader
 
 
-Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.copy().items()
-}
-Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+Yaml12Loader: Any = _yaml12(yaml.SafeLoader)
+# libyaml's parser, several times faster; a document it refuses is parsed again by
+# PyYAML's, whose messages name the offending character
+_FastLoader: Any = _yaml12(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 @dataclass(frozen=True)
@@ -53,13 +59,24 @@ class LoadedYaml:
 def load_yaml(path: Path) -> LoadedYaml:
     """Parse ``path``; raises ``yaml.YAMLError`` (with a mark) on bad syntax."""
     text = path.read_text(encoding="utf-8")
-    node = yaml.compose(text, Loader=Yaml12Loader)
-    if node is None:
-        return LoadedYaml(path=path, data=None, lines={})
-    lines: dict[Key, int] = {}
-    duplicates: list[tuple[Key, int]] = []
-    _record_lines(node, (), lines, duplicates)
-    data = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader
+    try:
+        return _load(path, text, _FastLoader)
+    except yaml.YAMLError:
+        return _load(path, text, Yaml12Loader)
+
+
+def _load(path: Path, text: str, loader_class: Any) -> LoadedYaml:
+    loader = loader_class(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return LoadedYaml(path=path, data=None, lines={})
+        lines: dict[Key, int] = {}
+        duplicates: list[tuple[Key, int]] = []
+        _record_lines(node, (), lines, duplicates)
+        data = loader.construct_document(node)
+    finally:
+        loader.dispose()
     return LoadedYaml(path=path, data=data, lines=lines, duplicates=tuple(duplicates))
 
 

@@ -1,0 +1,159 @@
+"""What a run decides before anything heavy starts: the run lock, the record, the plan.
+
+``conveyor run`` opens a :class:`RunSession` first (no Prefect, no Dask, no server): it
+holds the project's run lock and the record's session (DVC's repository lock for a DVC
+record), puts back the outs of a killed run, and asks the record which selected stages
+are due. When none is, the run ends there (:func:`nothing_to_do`). Otherwise the flow's
+scheduling loop runs under the very same session, so what was decided is what runs, and
+nobody can change the record in between.
+
+A stage downstream of one that is due is not asked at planning time: whether it runs is
+known only once its upstream has run (DVC's rule: an upstream that rewrote its outs with
+the same content leaves its dependents up to date). :meth:`RunSession.due` asks then.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.plan import dag
+from conveyor.plan.fingerprint import Record
+from conveyor.run.journal import RECOVERED, Journal
+from conveyor.run.metrics import stage_metrics
+from conveyor.run.profiles import Profiles
+from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.schedule import Outcome
+from conveyor.spec.project import Project
+from conveyor.workspace import run_lock
+
+UP_TO_DATE = "up to date"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What to run: a selection of stages (``dvc repro`` semantics), forced or not."""
+
+    stages: tuple[str, ...] = ()
+    downstream: bool = False
+    force: bool = False
+    profiles: Mapping[str, str] = field(default_factory=dict)
+    forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
+    single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
+
+    def selected(self, graph: dag.Graph) -> set[str]:
+        return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
+
+
+def check_options(project: Project, options: RunOptions) -> None:
+    """Unknown stages or profiles in ``options``: a UsageError before anything runs."""
+    project.expand([*options.stages, *options.forced])  # raises on unknown stage names
+    Profiles(project.pipeline.profiles, options.profiles)  # raises on unknown profile names
+
+
+@dataclass(frozen=True)
+class ForcedRecord:
+    """A record that calls ``forced`` stages stale whatever their fingerprint; the rest as ``inner`` says."""
+
+    inner: Record
+    forced: frozenset[str]
+
+    def session(self) -> AbstractContextManager[Any]:
+        return self.inner.session()
+
+    def reasons(self, stage: str) -> list[str]:
+        return ["forced"] if stage in self.forced else self.inner.reasons(stage)
+
+    def prepare(self, stage: str) -> None:
+        self.inner.prepare(stage)
+
+    def restore(self, stage: str) -> bool:
+        return stage not in self.forced and self.inner.restore(stage)
+
+    def save(self, stage: str) -> None:
+        self.inner.save(stage)
+
+
+@dataclass
+class RunSession:
+    """A run's decisions, held under its locks: which selected stages are due, and why.
+
+    ``planned[stage]`` is a stage's own reasons when nothing upstream of it is due (empty:
+    up to date), or None when something upstream is due, so its fate waits for that run.
+    """
+
+    project: Project
+    options: RunOptions
+    record: Record
+    selected: set[str]
+    planned: dict[str, list[str] | None]
+    recovered: list[str] = field(default_factory=list)
+    ran: set[str] = field(default_factory=set)  # stages that ran (not skipped) in this run
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not any(reasons is None or reasons for reasons in self.planned.values())
+
+    def due(self, stage: str) -> list[str]:
+        """Why ``stage`` runs now that its upstream has ended; empty: it is skipped.
+
+        Asked when the stage is ready: a stage whose upstream ran is asked again then,
+        as ``dvc repro`` asks each stage in turn; the others keep the planned answer.
+        """
+        if self.options.force:
+            return ["forced"]
+        planned = self.planned[stage]
+        if planned is not None and not any(u in self.ran for u in self.project.graph[stage]):
+            return planned
+        return self.record.reasons(stage)
+
+
+@contextmanager
+def open_session(project: Project, options: RunOptions,
+                 warn: Callable[[str], None] = lambda _line: None) -> Iterator[RunSession]:
+    """Take the run lock and the record's session, recover killed outs, plan; nothing heavy.
+
+    ``warn`` hears each out put back from a killed run.
+    """
+    from conveyor.dvc.record import open_record
+
+    record: Record = open_record(project)
+    if options.forced:
+        record = ForcedRecord(record, frozenset(options.forced))
+    selected = options.selected(project.graph)
+    with run_lock(project.root), record.session():
+        recovered = Journal(project.root).recover()
+        for stage in recovered:
+            warn(RECOVERED.format(stage=stage))
+        planned: dict[str, list[str] | None] = {}
+        for stage in project.order:
+            if stage not in selected:
+                continue
+            if options.force:
+                planned[stage] = ["forced"]
+            elif any(planned.get(u) is None or planned.get(u) for u in project.graph[stage] if u in planned):
+                planned[stage] = None
+            else:
+                planned[stage] = record.reasons(stage)
+        yield RunSession(project, options, record, selected, planned, recovered)
+
+
+def nothing_to_do(session: RunSession, run_id: str | None = None) -> RunRecord:
+    """The record of a run in which every selected stage is up to date: written, nothing started."""
+    t0 = time.monotonic()
+    project = session.project
+    run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline)
+    profiles = Profiles(project.pipeline.profiles, session.options.profiles)  # names only: nothing starts
+    stamp = now().isoformat()
+    for stage in project.order:
+        if stage in session.selected:
+            run.stages[stage] = StageRecord(status=Outcome.SKIPPED.value, reason=UP_TO_DATE, started=stamp,
+                                            finished=stamp, profile=profiles.resolve(project.pipeline.stages[stage].on)
+                                            or "local", metrics=stage_metrics(project.root, project.metrics_of(stage)))
+    run.close(project.graph, time.monotonic() - t0)
+    run.write(project.root)
+    return run
+
