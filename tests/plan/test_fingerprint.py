@@ -9,6 +9,7 @@ its outs and saving its current state, as the runner does after a success.
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import threading
 from pathlib import Path
@@ -299,12 +300,13 @@ def test_plan_force_reruns_the_selection(fp: ProjectDir) -> None:
 # --- the record ---------------------------------------------------------------------------
 
 
-def test_the_record_is_a_dvc_lock_like_yaml_file(fp: ProjectDir) -> None:
+def test_the_record_is_a_dvc_lock_like_file_in_json_which_is_yaml(fp: ProjectDir) -> None:
     loaded = succeed(fp, "ingest", "prepare")
     path = fp.root / ".conveyor" / "locks" / "configs__pipeline.yaml.lock"
     assert LockRecord.for_project(loaded).path == path
     text = path.read_text()
-    assert text.startswith("schema: '2.0'\nstages:\n")
+    assert text.startswith('{"schema": "2.0", "stages": {\n "ingest": ')  # a stage per line
+    assert yaml.safe_load(text) == json.loads(text)
     data = yaml.safe_load(text)
     assert list(data["stages"]) == ["ingest", "prepare"]
     ingest, prepare = data["stages"]["ingest"], data["stages"]["prepare"]
@@ -321,6 +323,13 @@ def test_the_record_is_a_dvc_lock_like_yaml_file(fp: ProjectDir) -> None:
     assert (processed["path"], processed["size"]) == ("data/processed.csv", 12)
     assert processed["md5"] == hashlib.md5(OUTS["prepare"]["data/processed.csv"].encode()).hexdigest()
 
+
+
+def test_a_record_written_in_yaml_by_an_earlier_version_is_still_read(fp: ProjectDir) -> None:
+    loaded = succeed(fp, "ingest", "prepare")
+    path = LockRecord.for_project(loaded).path
+    path.write_text(yaml.safe_dump(json.loads(path.read_text()), sort_keys=False))
+    assert plan(loaded, {"ingest", "prepare"}, FingerprintRecord(loaded)) == {"ingest": [], "prepare": []}
 
 def test_the_record_is_replaced_whole_and_leaves_no_temporary_file(fp: ProjectDir) -> None:
     loaded = all_ran(fp)

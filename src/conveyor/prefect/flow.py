@@ -127,9 +127,17 @@ def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunVi
     return outcome
 
 
+# Sessions that `conveyor run` opened (and planned) before starting its flow, by run id:
+# the flow runs under the very session that decided something is due.
+_PREPARED: dict[str, RunSession] = {}
+
+
 def pipeline_run_name() -> str:
     """``<pipeline>-<date>-<time>``: a flow run name for a flow with a ``spec`` parameter."""
     params = flow_run.parameters
+    prepared = _PREPARED.get(str(params.get("run_id")))
+    if prepared is not None:  # `conveyor run` loaded the project already
+        return f"{prepared.project.pipeline.pipeline}-{now():%Y%m%d-%H%M%S}"
     try:
         project = load_project(resolve_spec(Path(params.get("spec") or "configs/pipeline.yaml")))
         return f"{project.pipeline.pipeline}-{now():%Y%m%d-%H%M%S}"
@@ -147,11 +155,6 @@ def _summary_markdown(run: RunRecord) -> str:
         f"critical path: {' → '.join(run.critical_path)} ({run.critical_path_s:.1f}s); "
         f"wall {run.wall_s:.1f}s; speedup {run.speedup:.2f}x",
     ])
-
-
-# Sessions that `conveyor run` opened (and planned) before starting its flow, by run id:
-# the flow runs under the very session that decided something is due.
-_PREPARED: dict[str, RunSession] = {}
 
 
 def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | None = None,
