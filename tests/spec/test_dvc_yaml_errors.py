@@ -7,6 +7,7 @@ in a folder of its own, as a monorepo has them.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -71,3 +72,15 @@ def test_a_placement_spec_places_matrix_items_by_glob(repo: Path) -> None:
     assert (stages["report"].on, stages["report"].timeout_s) == (None, 60)
     assert project.expand(["train"]) == ["train@1", "train@2"]
     assert stages["train@1"].wdir == "placed" and stages["train@1"].cmd == "echo 1"
+
+
+def test_a_dvc_project_outside_git_is_an_error_saying_what_to_do(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True, capture_output=True)
+    shutil.rmtree(tmp_path / ".git")  # .dvc/ copied without its git repository
+    (tmp_path / "dvc.yaml").write_text("stages:\n  a: {cmd: echo a > a.txt, outs: [a.txt]}\n")
+    with pytest.raises(SpecError) as info:
+        load_project(tmp_path / "dvc.yaml")
+    assert info.value.exit_code == 2
+    assert f"dvc.yaml is not in a git repository: DVC keeps its record beside git; run `git init` in {tmp_path}" \
+        in str(info.value)

@@ -81,12 +81,17 @@ class DvcRecord:
 
     def __init__(self, project: Project) -> None:
         from dvc.repo import Repo
+        from dvc.scm import SCMError
 
         for name in ("dvc", "dvc_objects", "dvc_data"):  # DVC prints its records itself, as `dvc repro` does;
             logging.getLogger(name).propagate = False     # passed on to the root logger, each line came twice
         self.project = project
         self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
-        self.repo = Repo(str(project.root))
+        try:
+            self.repo = Repo(str(project.root))
+        except SCMError as exc:  # .dvc/ without git around it
+            raise UsageError(f"{exc}: DVC keeps dvc.lock beside git; run `git init` there (or "
+                             "`dvc config core.no_scm true` to use DVC without git)") from None
         self._mutex = threading.RLock()
         self._code = {name: set(code_paths(project, name)) for name in project.order}
         self._stages: dict[str, PipelineStage] = {}

@@ -108,12 +108,17 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, Pi
     from dvc.dvcfile import load_file
     from dvc.exceptions import DvcException, NotDvcRepoError
     from dvc.repo import Repo
+    from dvc.scm import SCMError
 
     try:
         repo = Repo(str(dvc_file.parent))
     except NotDvcRepoError:
         raise SpecError([SpecIssue(dvc_file, None, "", f"{dvc_file.parent} is not in a DVC repository: run "
                                    "`git init && dvc init` there first (dvc.yaml runs inside one)")]) from None
+    except SCMError:  # .dvc/ without git around it
+        raise SpecError([SpecIssue(dvc_file, None, "", f"is not in a git repository: DVC keeps its record beside "
+                                   f"git; run `git init` in {dvc_file.parent} (or `dvc config core.no_scm true` "
+                                   "to use DVC without git)")]) from None
     try:
         with repo:
             loaded = load_file(repo, str(dvc_file))  # absolute: DVC reads a relative path from the cwd
