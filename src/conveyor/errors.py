@@ -88,3 +88,7 @@ class DeployError(ConveyorError, RuntimeError):
     """Deployments cannot be registered or served (no prefect.yaml, no Prefect server, a bad entry)."""
 
     exit_code = 1
+
+
+class PrefectServerError(ConveyorError):
+    """The temporary Prefect server a run starts (no PREFECT_API_URL) did not answer."""

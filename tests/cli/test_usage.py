@@ -6,10 +6,12 @@ resolved: every usage error is one line, exit 2, no traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -140,3 +142,38 @@ def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_
     assert "Beginning flow run" in run_log.read_text()
     assert "Starting temporary server" not in run_log.read_text()  # Prefect used conveyor's server
     assert (run_log.parent / "prefect-server.log").exists()
+
+
+NOTHING_HEAVY = """
+import sys
+from conveyor.cli.app import main
+sys.argv = ["conveyor", "run"]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print("heavy:", sorted({m.split(".")[0] for m in sys.modules} & {"prefect", "dask", "distributed", "dvc"}))
+sys.exit(code)
+"""
+
+
+def test_a_run_with_nothing_to_do_starts_no_server_and_imports_no_prefect(
+        tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Decided before anything heavy: no Prefect import, no server (its database never made), no flow run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path_factory.mktemp("first-home")), COLUMNS="100")
+    assert CONVEYOR is not None
+    first = subprocess.run([CONVEYOR, "run"], cwd=tiny, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    home = tmp_path_factory.mktemp("untouched-home")
+    env["PREFECT_HOME"] = str(home)
+    again = subprocess.run([sys.executable, "-c", NOTHING_HEAVY], cwd=tiny, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "heavy: []" in again.stdout  # the record here is conveyor's own: not even DVC
+    assert "up to date" in again.stderr
+    assert list(home.iterdir()) == []  # no server ever opened a database there
+    record = json.loads((tiny / ".conveyor/runs/latest.json").read_text())
+    assert {s["status"] for s in record["stages"].values()} == {"skipped"}
+    assert not record["flow_run_id"]
+    assert not (tiny / ".conveyor/logs" / record["run_id"] / "prefect-server.log").exists()

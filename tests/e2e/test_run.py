@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 
@@ -124,6 +125,7 @@ def test_second_run_skips_force_reruns_and_status_says_why(make_project: Callabl
     assert again.returncode == 0
     assert {s["status"] for s in project.record()["stages"].values()} == {"skipped"}
     assert "up to date" in again.stderr
+    assert not project.record()["flow_run_id"]  # nothing due: decided before any flow started
 
     project.write("params.yaml", "a: {n: 1}\nb: {n: 3}\n")
     status = project.conveyor("status")
@@ -139,6 +141,7 @@ def test_second_run_skips_force_reruns_and_status_says_why(make_project: Callabl
     assert {n: s["status"] for n, s in stages.items()} == {
         "a": "skipped", "b": "succeeded", "c": "skipped", "d": "succeeded"}
     assert stages["b"]["reason"] == "params changed: b.n 2 → 3"
+    assert task_run_names(project, project.record()["flow_run_id"], expected=2) == ["b", "d"]  # skipped: no task run
 
     assert project.conveyor("run", "c", "--force").returncode == 0
     stages = project.record()["stages"]
@@ -252,3 +255,45 @@ def test_dag_formats(make_project: Callable[[], Project]) -> None:
     assert mermaid.startswith("flowchart TD") and ("b", "d") in edges and ("a", "b") in edges
     dot = project.conveyor("dag", "--format", "dot").stdout
     assert '"a" -> "b";' in dot and dot.rstrip().endswith("}")
+
+
+def task_run_names(project: Project, flow_run_id: str, expected: int, deadline_s: float = 30) -> list[str]:
+    """The task runs Prefect's server recorded for a flow run, once ``expected`` of them arrived
+    (the server records them from events, a moment after the run)."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + deadline_s
+    with SyncPrefectClient(project.env["PREFECT_API_URL"]) as api:
+        while True:
+            ids = FlowRunFilterId(any_=[uuid.UUID(flow_run_id)])
+            names = sorted(r.name for r in api.read_task_runs(flow_run_filter=FlowRunFilter(id=ids)))
+            if len(names) >= expected or time.monotonic() > deadline:
+                return names
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_the_temporary_prefect_server_ends_with_the_run_even_on_kill_9(
+        make_project: Callable[[], Project], tmp_path_factory: pytest.TempPathFactory) -> None:
+    project = make_project()
+    project.env = {k: v for k, v in project.env.items() if not k.startswith("PREFECT_API")}
+    project.env["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    project.write("configs/pipeline.yaml", """
+        pipeline: hold
+        stages:
+          hold:
+            cmd: touch started && while [ ! -e release ]; do sleep 0.1; done && echo done > done.txt
+            outs: [done.txt]
+    """)
+    proc = project.popen("run")
+    deadline = time.monotonic() + 180
+    while not (project.root / "started").exists():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "the stage never started"
+        time.sleep(0.1)
+    servers = [p for p in project.tagged_processes() if "prefect.server.api.server:create_app" in p.cmdline()]
+    assert len(servers) == 1 and servers[0].cmdline()[servers[0].cmdline().index("--host") + 1] == "127.0.0.1"
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert not project.left_running(grace_s=30), "a process outlived the killed run"

@@ -1,9 +1,10 @@
-"""The pipeline as a Prefect flow: one Prefect task per stage, submitted when its upstream succeeded.
+"""The pipeline as a Prefect flow: one Prefect task per stage that runs, submitted when its upstream succeeded.
 
-The scheduling loop lives here once: :class:`conveyor.plan.dag.Schedule` says which stages may
-start, each becomes a Prefect task on the flow's thread-pool task runner, and a finished
-future is an event that may release its dependents. Independent branches therefore run
-at the same time; a failure stops only what depends on it.
+The scheduling loop lives here once: :class:`conveyor.run.schedule.Schedule` says which stages
+may start; each that is due (:class:`conveyor.run.session.RunSession`) becomes a Prefect task
+on the flow's thread-pool task runner, each that is up to date is recorded skipped on the
+spot, and a finished future is an event that may release its dependents. Independent
+branches therefore run at the same time; a failure stops only what depends on it.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conveyor.errors import ConveyorError
+from conveyor.errors import PrefectServerError
 
 STARTUP_TIMEOUT_S = 120.0
 # The URL of the temporary server while a run uses it (it has no UI and ends with the run).
@@ -47,10 +47,6 @@ if os.getppid() != parent:
     sys.exit(0)
 os.execv(sys.executable, [sys.executable, "-m", "uvicorn", *sys.argv[2:]])
 """
-
-
-class PrefectServerError(ConveyorError):
-    """The temporary Prefect server did not start."""
 
 
 def _free_port() -> int:
