@@ -9,10 +9,19 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
-from benchmarks import dvc_repro, harness, ingest_concurrency, parallel_branches, preprocess_workers
+from benchmarks import (
+    chain,
+    dvc_repro,
+    harness,
+    ingest_concurrency,
+    noop,
+    parallel_branches,
+    preprocess_workers,
+    reference,
+)
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
-                                                          dvc_repro)}
+                                                          dvc_repro, reference, noop, chain)}
 
 
 def _log(line: str) -> None:

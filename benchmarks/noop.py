@@ -1,0 +1,420 @@
+"""noop: what "nothing to do" costs: a no-op `conveyor run` vs a no-op `dvc repro`.
+
+The peer is the command a user would type instead, `dvc repro`, in the same up-to-date
+project. Three projects, each made in a temporary directory with the real CLIs
+(``git init``, ``dvc init``, one commit) and brought up to date before anything is timed:
+
+* a chain of 51 ``cmd`` stages in a hand-written dvc.yaml (10 with ``--quick``)::
+
+      s00 -> s01 -> s02 -> ... -> s50
+
+  ``s00`` writes ``out/s00.txt``; ``s<k>`` reads ``out/s<k-1>.txt`` (its one dep) and
+  writes ``out/s<k>.txt`` (its one out) with a shell ``cat``/``echo``; one `dvc repro`
+  brings it up to date;
+* the same with one stage, so that the cost of one more skipped stage can be told from
+  the fixed cost of a run: ``(T(51 stages) - T(1 stage)) / 50`` on each side;
+* the reference project of this repository: its tracked files (``git ls-files`` of
+  harness.REPO, so any fresh clone works) copied into a new git repository, its committed
+  dvc.yaml (compiled from configs/pipeline.yaml) and dvc.lock as they are, brought up to
+  date by one `conveyor run` against a `prefect server start` started here (it trains its
+  small models: 30-60 s); skipped with ``--quick``.
+
+Then, in interleaved repetitions, `dvc repro` (baseline) and `conveyor run` (candidate)
+in each: both have nothing to do. Every `conveyor run` here has PREFECT_API_URL unset and
+a temporary PREFECT_HOME: a run with nothing to do should need no Prefect server at all,
+so an implementation that starts its embedded server (seconds) is measured with it.
+
+Expected bounds (the goals): a no-op `conveyor run` within 1.5x the no-op `dvc repro` of
+the same project (ratio column >= 0.67); at most 2 ms per skipped stage; `conveyor --help`
+and `conveyor validate` (in the reference copy) under 0.5 s each, reported against
+`dvc --help` and `dvc status`. The helpers at the top are shared with ``benchmarks.chain``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.dvc_repro import _leftovers
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, timed
+from benchmarks.prefect_server import PrefectServer
+
+NAME = "noop"
+DESCRIPTION = ("nothing to do: no-op conveyor run vs no-op dvc repro (a 51-stage chain, 1 stage, the reference "
+               "project); CLI start-up")
+UP_TO_DATE = "Data and pipelines are up to date."
+NOOP_GOAL = 1.5  # a no-op conveyor run at most this many times the no-op dvc repro
+SKIP_GOAL_MS = 2.0  # per skipped stage
+CLI_GOAL_S = 0.5  # conveyor --help, conveyor validate
+TIMEOUT_S = 600  # any one command
+FIRST_RUN_TIMEOUT_S = 1800  # the reference project's first (training) run
+
+
+# --- shared with benchmarks.chain -------------------------------------------------------
+
+
+def stage(k: int) -> str:
+    return f"s{k:02d}"
+
+
+def out(k: int) -> str:
+    return f"out/{stage(k)}.txt"
+
+
+def chain_text(k: int) -> str:
+    """What ``out/s<k>.txt`` holds on every side: the name of every stage up to ``k``, one a line."""
+    return "".join(f"{stage(j)}\n" for j in range(k + 1))
+
+
+def base_env() -> dict[str, str]:
+    """This environment, with this interpreter's bin folder (conveyor, dvc, python) first on PATH."""
+    bindir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
+            "COLUMNS": "160"}
+
+
+def no_server_env(home: Path) -> dict[str, str]:
+    """PREFECT_API_URL unset, a temporary PREFECT_HOME: no server unless the command starts one."""
+    env = {**base_env(), "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def server_env(server: PrefectServer) -> dict[str, str]:
+    """Pointed at the benchmark's own `prefect server start` (its temporary PREFECT_HOME)."""
+    return {**base_env(), **{k: v for k, v in server.env.items() if k.startswith("PREFECT_")}}
+
+
+def cli(args: Sequence[str], cwd: Path, env: Mapping[str, str],
+        timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion; CheckFailed unless it exits 0."""
+    proc = subprocess.run(list(args), cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout)
+    check(proc.returncode == 0, f"`{' '.join(args)}` in {cwd.name} exited {proc.returncode}:\n"
+                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def timed_cli(args: Sequence[str], cwd: Path, env: Mapping[str, str],
+              timeout: float = TIMEOUT_S) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Seconds the command took (wall, from the parent), checked to exit 0."""
+    return timed(lambda: cli(args, cwd, env, timeout))
+
+
+def make_repo(root: Path, files: Mapping[str, str], *, dvc: bool) -> None:
+    """A new git repository holding ``files`` (and DVC, with ``dvc``), everything in one commit."""
+    root.mkdir(parents=True)
+    env = base_env()
+    cli(["git", "init", "-q"], root, env)
+    if dvc:
+        cli(["dvc", "init", "-q"], root, env)
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    commit(root, "benchmark project")
+
+
+def commit(root: Path, message: str) -> None:
+    env = base_env()
+    cli(["git", "add", "-A"], root, env)
+    cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", message], root, env)
+
+
+def run_record(root: Path) -> dict[str, Any]:
+    """conveyor's record of its last run in ``root`` (``.conveyor/runs/latest.json``)."""
+    path = root / ".conveyor/runs/latest.json"
+    check(path.is_file(), f"{root.name}: conveyor wrote no run record ({path.relative_to(root)})")
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
+
+
+def check_record(record: Mapping[str, Any], stages: Sequence[str], status: str, what: str) -> None:
+    """The record lists exactly ``stages``, each with ``status``, and the run succeeded."""
+    got = {name: (s.get("status"), s.get("reason")) for name, s in record.get("stages", {}).items()}
+    check(record.get("status") == "succeeded" and sorted(got) == sorted(stages)
+          and all(st == status for st, _ in got.values()),
+          f"{what}: the run record does not say every one of the {len(stages)} stages {status}: "
+          f"run {record.get('status')}, stages {got}")
+
+
+def check_no_leftovers(home: Path, what: str) -> None:
+    """No process with ``PREFECT_HOME=home`` outlived the command by 10 s (any found are killed)."""
+    left = _leftovers(home)
+    check(not left, f"{what} left processes running 10 s after it exited (pids {left}, killed)")
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def per_stage_ms(big: Sequence[float], small: Sequence[float], extra_stages: int) -> list[float]:
+    """Per repetition: (T(many stages) - T(one stage)) / extra stages, in ms."""
+    return [(b - s) / extra_stages * 1000 for b, s in zip(big, small, strict=True)]
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+# --- the projects -----------------------------------------------------------------------
+
+
+def chain_dvc_yaml(n: int) -> str:
+    """``n`` cmd stages in a chain, each a shell ``cat``/``echo`` of its dep into its out."""
+    lines = ["stages:"]
+    for k in range(n):
+        cmd = (f"mkdir -p out && echo {stage(k)} > {out(k)}" if k == 0
+               else f"(cat {out(k - 1)}; echo {stage(k)}) > {out(k)}")
+        lines += [f"  {stage(k)}:", f"    cmd: {cmd}"]
+        if k:
+            lines += ["    deps:", f"      - {out(k - 1)}"]
+        lines += ["    outs:", f"      - {out(k)}"]
+    return "\n".join(lines) + "\n"
+
+
+def copy_tracked(repo: Path, dest: Path) -> int:
+    """The files git tracks in ``repo`` (as they are in its work tree), copied under ``dest``."""
+    listed = cli(["git", "-C", str(repo), "ls-files", "-z"], repo, base_env()).stdout
+    copied = 0
+    for rel in filter(None, listed.split("\0")):
+        src = repo / rel
+        if not src.is_file() and not src.is_symlink():
+            continue  # deleted in the work tree, not yet committed
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target, follow_symlinks=False)
+        copied += 1
+    return copied
+
+
+def reference_copy(root: Path) -> int:
+    """A new git repository of the reference project's tracked files (``dvc init`` if .dvc/ is not tracked)."""
+    root.mkdir(parents=True)
+    copied = copy_tracked(REPO, root)
+    env = base_env()
+    cli(["git", "init", "-q"], root, env)
+    if not (root / ".dvc/config").is_file():
+        cli(["dvc", "init", "-q", "-f"], root, env)
+    commit(root, "reference project")
+    return copied
+
+
+@dataclass
+class Idle:
+    """An up-to-date project: each no-op run is timed, then checked (exit 0, nothing ran,
+    `dvc status` clean, dvc.lock byte for byte as it was)."""
+
+    root: Path
+    stages: list[str]
+    env: dict[str, str]  # PREFECT_API_URL unset, a temporary PREFECT_HOME
+    home: Path
+    lock: bytes = b""
+    run_id: str | None = None
+    phases: list[tuple[float, float, float]] = field(default_factory=list)  # conveyor: before/in/after the flow
+
+    def settle(self) -> None:
+        """Once up to date: `dvc status` clean; remember dvc.lock."""
+        self._clean("after bringing it up to date")
+        self.lock = (self.root / "dvc.lock").read_bytes()
+
+    def dvc(self) -> float:
+        seconds, proc = timed_cli(["dvc", "repro"], self.root, self.env)
+        check(UP_TO_DATE in proc.stdout, f"{self.root.name}: no-op `dvc repro` did not say {UP_TO_DATE!r}:\n"
+                                         f"{proc.stdout[-3000:]}")
+        self._unchanged("dvc repro")
+        return seconds
+
+    def conveyor(self) -> float:
+        began = datetime.now(UTC)
+        seconds, _ = timed_cli(["conveyor", "run"], self.root, self.env)
+        record = run_record(self.root)
+        check(record.get("run_id") != self.run_id, f"{self.root.name}: `conveyor run` left the last run record as "
+                                                   "it was")
+        self.run_id = record.get("run_id")
+        check_record(record, self.stages, "skipped", f"{self.root.name}: no-op `conveyor run`")
+        check_no_leftovers(self.home, f"{self.root.name}: no-op `conveyor run`")
+        self._unchanged("conveyor run")
+        started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
+        before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
+        self.phases.append((before, inside, seconds - before - inside))
+        return seconds
+
+    def _clean(self, when: str) -> None:
+        status = cli(["dvc", "status"], self.root, self.env)
+        check(UP_TO_DATE in status.stdout, f"{self.root.name}: `dvc status` {when} is not clean:\n"
+                                           f"{status.stdout[-3000:]}")
+
+    def _unchanged(self, what: str) -> None:
+        self._clean(f"after a no-op `{what}`")
+        check((self.root / "dvc.lock").read_bytes() == self.lock, f"{self.root.name}: a no-op `{what}` changed "
+                                                                  "dvc.lock")
+
+
+def _chain_project(root: Path, n: int, home: Path, log: Callable[[str], None]) -> Idle:
+    make_repo(root, {"dvc.yaml": chain_dvc_yaml(n)}, dvc=True)
+    env = no_server_env(home)
+    log(f"{NAME}: {root.name}: `dvc repro` of {n} stage(s) to bring it up to date")
+    cli(["dvc", "repro"], root, env)
+    missing = [out(k) for k in range(n) if (root / out(k)).read_text() != chain_text(k)]
+    check(not missing, f"{root.name}: outs missing or wrong after `dvc repro`: {missing}")
+    idle = Idle(root, [stage(k) for k in range(n)], env, home)
+    idle.settle()
+    return idle
+
+
+def _reference_stages(root: Path) -> list[str]:
+    data = yaml.safe_load((root / "dvc.yaml").read_text())
+    return list(data["stages"])
+
+
+# --- the benchmark ----------------------------------------------------------------------
+
+
+def run(config: Config, log: Callable[[str], None]) -> Result:
+    n = 10 if config.quick else 51
+    repeats = config.reps(full=5, quick=2)
+    scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-noop-"))
+    home = scratch / "prefect-home"  # every conveyor command here: no API URL, this PREFECT_HOME
+    home.mkdir()
+    env = no_server_env(home)
+    setup: dict[str, str] = {}
+    metrics: list[Metric] = []
+    notes: list[str] = []
+    try:
+        big = _chain_project(scratch / f"chain-{n}", n, home, log)
+        small = _chain_project(scratch / "chain-1", 1, home, log)
+        log(f"{NAME}: warm-up: one no-op of each command in each chain (not counted)")
+        for idle in (big, small):
+            idle.dvc()
+            idle.conveyor()
+            idle.phases.clear()
+        log(f"{NAME}: {repeats} interleaved repetitions: no-op dvc repro vs no-op conveyor run, {n} and 1 stage(s)")
+        base, cand = interleaved(repeats, lambda _i: (big.dvc(), small.dvc()),
+                                 lambda _i: (big.conveyor(), small.conveyor()), log)
+        metrics += _chain_metrics(n, base, cand, notes)
+        notes.append(_phases(f"{n}-stage chain", big.phases))
+
+        ref = scratch / "reference"
+        copied = reference_copy(ref)
+        setup["reference project"] = (f"{copied} tracked files of {REPO.name} copied into a new git repository "
+                                      "(as they are in its work tree: .dvc/, dvc.yaml, dvc.lock, configs/, tasks/...)")
+        if config.quick:
+            setup["reference project"] += "; its no-op run is skipped with --quick (its first run trains models)"
+        else:
+            metrics.append(_reference(ref, env, home, repeats, log, notes))
+        metrics += _cli_metrics(ref, env, repeats, config.quick, log, notes)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    setup.update({
+        "rows": "baseline the dvc command, candidate the conveyor one, on every row; each goal bounds conveyor's "
+                "figure (as a multiple of dvc's time, or in absolute terms)",
+        "chain": f"hand-written dvc.yaml, {n} cmd stages s00 -> ... -> s{n - 1:02d}: s00 echoes its name into "
+                 "out/s00.txt, s<k> `(cat out/s<k-1>.txt; echo s<k>) > out/s<k>.txt` (dep: the previous out, "
+                 "out: its own); a second project with s00 alone; both made with git init, dvc init and brought "
+                 "up to date by one `dvc repro`",
+        "conveyor": "`conveyor run` with PREFECT_API_URL unset and a temporary PREFECT_HOME (shared by its runs): "
+                    "a no-op needs no Prefect server; one that starts its embedded server is measured with it",
+        "warm-up": "one no-op of each command in each chain before the repetitions (file cache, conveyor's "
+                   "first-run state), not counted",
+    })
+    return Result(
+        name=NAME, description=DESCRIPTION,
+        baseline="no-op `dvc repro` (or `dvc --help`, `dvc status`) in the same up-to-date project",
+        candidate="no-op `conveyor run` (or `conveyor --help`, `conveyor validate`) there, no Prefect server",
+        repeats=repeats, metrics=metrics, setup=setup,
+        checks=["every command exited 0",
+                f"every no-op `dvc repro` printed {UP_TO_DATE!r}",
+                f"after every run of either side `dvc status` printed {UP_TO_DATE!r} and dvc.lock was byte for "
+                "byte the one left by bringing the project up to date",
+                "every no-op `conveyor run` wrote a new run record (.conveyor/runs/latest.json) in which every "
+                "stage of the project is `skipped` and the run `succeeded`",
+                "no process of a no-op `conveyor run` outlived it (by PREFECT_HOME)",
+                "the chain's outs hold the expected text after `dvc repro` brought it up to date"],
+        notes=notes,
+    )
+
+
+def _chain_metrics(n: int, base: list[tuple[float, float]], cand: list[tuple[float, float]],
+                   notes: list[str]) -> list[Metric]:
+    goal = f"goal: <= {NOOP_GOAL:g}x, ratio >= {1 / NOOP_GOAL:.2f}"
+    many = Metric(f"no-op run, {n}-stage chain (s); {goal}", [b[0] for b in base], [c[0] for c in cand])
+    one = Metric(f"no-op run, 1 stage (s); {goal}", [b[1] for b in base], [c[1] for c in cand])
+    per = Metric(f"per skipped stage (ms), (T({n})-T(1))/{n - 1}; goal: <= {SKIP_GOAL_MS:g} ms",
+                 per_stage_ms(many.baseline, one.baseline, n - 1), per_stage_ms(many.candidate, one.candidate, n - 1),
+                 digits=1)
+    conv_per = median(per.candidate)
+    notes += [f"no-op `conveyor run` / no-op `dvc repro` ({n} stages): median {_share(many):.2f}x "
+              f"(goal <= {NOOP_GOAL:g}x: {met(_share(many) <= NOOP_GOAL)}); 1 stage: {_share(one):.2f}x",
+              f"per skipped stage: conveyor {conv_per:.1f} ms, dvc repro {median(per.baseline):.1f} ms (medians of "
+              f"the per-repetition (T({n}) - T(1)) / {n - 1}); goal <= {SKIP_GOAL_MS:g} ms: "
+              f"{met(conv_per <= SKIP_GOAL_MS)}"]
+    return [many, one, per]
+
+
+def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Callable[[str], None],
+               notes: list[str]) -> Metric:
+    log(f"{NAME}: reference: starting prefect server for its first run")
+    with PrefectServer() as server:
+        log(f"{NAME}: reference: first `conveyor run` (trains the models; not measured) on {server.url}")
+        seconds, _ = timed_cli(["conveyor", "run"], ref, server_env(server), timeout=FIRST_RUN_TIMEOUT_S)
+    stages = _reference_stages(ref)
+    check_record(run_record(ref), stages, "succeeded", "reference project, first run")
+    idle = Idle(ref, stages, env, home)
+    idle.settle()
+    log(f"{NAME}: reference: first run took {seconds:.0f} s; warm-up no-ops (not counted)")
+    idle.dvc()
+    idle.conveyor()
+    idle.phases.clear()
+    log(f"{NAME}: reference: {repeats} interleaved repetitions")
+    base, cand = interleaved(repeats, lambda _i: idle.dvc(), lambda _i: idle.conveyor(), log)
+    metric = Metric(f"no-op run, reference project, {len(stages)} stages (s); goal: <= {NOOP_GOAL:g}x, ratio >= "
+                    f"{1 / NOOP_GOAL:.2f}", base, cand)
+    notes += [f"reference project: no-op `conveyor run` / no-op `dvc repro` median {_share(metric):.2f}x (goal <= "
+              f"{NOOP_GOAL:g}x: {met(_share(metric) <= NOOP_GOAL)}); its first run (not measured) took {seconds:.0f} s",
+              _phases("reference project", idle.phases)]
+    return metric
+
+
+def _cli_metrics(ref: Path, env: dict[str, str], repeats: int, quick: bool, log: Callable[[str], None],
+                 notes: list[str]) -> list[Metric]:
+    log(f"{NAME}: CLI start-up: {repeats} interleaved repetitions in the reference copy")
+    timed_cli(["conveyor", "--help"], ref, env)  # warm-up: the file cache
+    timed_cli(["conveyor", "validate"], ref, env)
+    help_b, help_c = interleaved(repeats, lambda _i: timed_cli(["dvc", "--help"], ref, env)[0],
+                                 lambda _i: timed_cli(["conveyor", "--help"], ref, env)[0], log)
+    val_b, val_c = interleaved(repeats, lambda _i: timed_cli(["dvc", "status"], ref, env)[0],
+                               lambda _i: timed_cli(["conveyor", "validate"], ref, env)[0], log)
+    help_m = Metric(f"`conveyor --help` vs `dvc --help` (s); goal: <= {CLI_GOAL_S:g} s", help_b, help_c)
+    val_m = Metric(f"`conveyor validate` vs `dvc status` (s); goal: <= {CLI_GOAL_S:g} s", val_b, val_c)
+    state = "before any run (--quick: outs absent, so `dvc status` lists every stage)" if quick else "up to date"
+    notes.append(f"`conveyor validate` and `dvc status` ran in the reference copy, {state}")
+    for m, what in ((help_m, "`conveyor --help`"), (val_m, "`conveyor validate`")):
+        notes.append(f"{what}: median {median(m.candidate):.2f} s (min {min(m.candidate):.2f}, max "
+                     f"{max(m.candidate):.2f}); goal <= {CLI_GOAL_S:g} s: {met(median(m.candidate) <= CLI_GOAL_S)}; "
+                     f"the dvc command beside it: median {median(m.baseline):.2f} s")
+    return [help_m, val_m]
+
+
+def _share(metric: Metric) -> float:
+    """Median over repetitions of candidate / baseline (how many times dvc's time conveyor took)."""
+    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))
+
+
+def _phases(what: str, phases: list[tuple[float, float, float]]) -> str:
+    before, inside, after = (median([p[k] for p in phases]) for k in range(3))
+    return (f"where a no-op `conveyor run` of the {what} spends its time (medians, split by its run record's "
+            f"started/finished): {before:.2f} s before `started` (interpreter, imports, loading the project, and what "
+            f"else the implementation does first), {inside:.2f} s from `started` to `finished`, {after:.2f} s after "
+            "`finished` (summary, exit)")

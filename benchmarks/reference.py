@@ -1,0 +1,490 @@
+"""reference: `conveyor run --force` of the reference pipeline vs the same work as one plain script.
+
+The question: what does the orchestrator cost on the project it ships with? The reference
+pipeline (``configs/pipeline.yaml``: ingest on a thread pool, preprocess with
+dask.dataframe on a LocalCluster, xgboost.dask on that cluster, a torch MLP in the runner,
+a stacked logistic regression, evaluation) works on scikit-learn's bundled breast-cancer
+data (569 rows), so almost all of it is fixed cost: interpreter and imports, DVC's
+status and lock, Prefect's flow and task runs, starting and stopping the Dask cluster.
+
+- candidate: ``conveyor run --force`` in a fresh copy of the repository's tracked files at
+  HEAD (``git archive HEAD``: the project as a fresh clone has it, made a git repository
+  with one commit, which DVC needs), with ``PREFECT_API_URL`` pointing at one
+  ``prefect server start`` started here before any measurement (a team keeps a server);
+  and, as a second figure, with no ``PREFECT_API_URL``, so that every run starts and
+  stops Prefect's temporary server itself (its ``PREFECT_HOME`` a temporary folder whose
+  database one uncounted run created).
+- baseline: ``benchmarks/plain_reference.py``, the same work in one process with the same
+  libraries and no orchestrator (pandas instead of dask.dataframe, ``xgb.train`` with
+  ``nthread=2`` instead of xgboost.dask on two one-thread workers, the same MLP, stack and
+  metrics), in another fresh copy.
+
+Before any ratio: both exit 0; the run record says every stage ran (none skipped or
+restored); both wrote every model, metrics file and the plot; the raw and processed data
+hold the same rows (same columns, counts, and values sorted row-wise, equal to 1e-9),
+with the same split counts; the test AUC of each model agrees within 0.02 (the test split
+is 113 rows, 42 x 71 positive/negative pairs: 0.02 is about 60 pairs ranked the other way,
+far more than an XGBoost trained on two Dask workers instead of one process can change,
+far less than a broken model loses). The plain script imported none of conveyor,
+prefect, dask, distributed.
+
+The goal: conveyor's wall at most 3x the plain script's (ratio column at least 0.33x).
+On a data set this small the work itself is a few seconds, so that bound is a bound on
+the fixed cost. Peak memory is the summed RSS of the command's process tree (the command
+and every descendant: Dask's nanny and worker processes, the temporary Prefect server),
+sampled from /proc every 100 ms on both sides; shared pages are counted once per
+process, so it overstates what the tree holds, alike for both sides in kind. The shared
+server of the first figure is not in conveyor's tree (its RSS at the end is in a note).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
+from benchmarks.prefect_server import PrefectServer
+
+NAME = "reference"
+DESCRIPTION = "conveyor run --force of the reference pipeline vs the same work as one plain script"
+PLAIN = Path(__file__).resolve().parent / "plain_reference.py"
+STAGES = ("ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate")
+PLAIN_STEPS = ("imports", "ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate")
+MODELS = ("xgb", "mlp", "stack")
+SPLITS = ("train", "valid", "test")
+WRITTEN = ("models/xgb.json", "models/mlp.pt", "models/stack.json", "metrics/train_xgb.json",
+           "metrics/train_mlp.json", "metrics/test.json", "plots/roc.png", "data/processed/stats.json")
+AUC_TOLERANCE = 0.02
+ROW_TOLERANCE = 1e-9  # standardised values: dask's partitioned sums vs pandas' may differ in the last bits
+MIN_AUC = 0.9  # a model that learned nothing scores about 0.5
+GOAL = 3.0  # conveyor's wall at most this many times the plain script's
+TIMEOUT_S = 600
+SAMPLE_S = 0.1
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MIB = 2**20
+
+
+# --- the process tree's memory -----------------------------------------------------------
+
+
+def tree_rss(root: int) -> int:
+    """Bytes of RSS of ``root`` and all its descendants now (one read of /proc/PID/stat each)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid ... rss is the 22nd
+        pid = int(entry.name)
+        children.setdefault(int(rest[1]), []).append(pid)
+        rss[pid] = int(rest[21]) * PAGE
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+class PeakRss:
+    """The largest :func:`tree_rss` of a process, sampled every ``SAMPLE_S`` on a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name=f"rss-{pid}", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss(self.pid))
+            self._stop.wait(SAMPLE_S)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+# --- the project copies -------------------------------------------------------------------
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, timeout=120, check=False)
+    check(proc.returncode == 0, f"`{' '.join(args)}` exited {proc.returncode}: {proc.stderr[-2000:].decode()}")
+    return proc
+
+
+def make_template(root: Path) -> None:
+    """The repository's tracked files at HEAD, as a fresh clone has them, in a new git repository."""
+    root.mkdir(parents=True)
+    archive = _cli(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], REPO).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root, filter="data")
+    check((root / "configs/pipeline.yaml").is_file() and (root / "params.yaml").is_file(),
+          "git archive HEAD holds no configs/pipeline.yaml and params.yaml")
+    _cli(["git", "init", "-q"], root)
+    _cli(["git", "add", "-A"], root)
+    _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "reference"], root)
+
+
+def _conveyor() -> str:
+    beside = Path(sys.executable).with_name("conveyor")
+    return str(beside) if beside.is_file() else "conveyor"
+
+
+@dataclass
+class Outcome:
+    """What one run left behind and took."""
+
+    wall: float
+    peak_rss_mib: float
+    test: dict[str, dict[str, float]]  # metrics/test.json
+    raw: npt.NDArray[np.float64]  # data/raw, rows sorted
+    processed: dict[str, tuple[list[str], npt.NDArray[np.float64]]]  # per split: columns, rows sorted
+    stats: dict[str, Any]  # data/processed/stats.json: rows and class counts
+    steps: dict[str, float] = field(default_factory=dict)  # plain: its steps; conveyor: its stages (s)
+    phases: tuple[float, float, float] | None = None  # conveyor: before, in and after the flow (s)
+    flow_gaps: float = 0.0  # conveyor: seconds of the flow when no stage ran
+    critical_path_s: float = 0.0
+    stage_sum_s: float = 0.0
+
+
+def _sorted_rows(directory: Path) -> tuple[list[str], npt.NDArray[np.float64]]:
+    """Columns, and the rows as floats sorted lexicographically (on values rounded to 9 places)."""
+    frame = pd.read_parquet(directory)
+    values = frame.to_numpy(dtype=np.float64)
+    order = np.lexsort(np.round(values, 9).T[::-1])
+    return [str(c) for c in frame.columns], values[order]
+
+
+def _observe(outdir: Path, side: str, since: float) -> Outcome:
+    """The outputs of a run in ``outdir``: every file written by this run (mtime after ``since``)."""
+    stale = [p for p in WRITTEN if not (outdir / p).is_file() or (outdir / p).stat().st_mtime < since]
+    check(not stale, f"{side}: not written by this run: {stale}")
+    processed = {}
+    for split in SPLITS:
+        check(any((outdir / "data/processed" / split).glob("*.parquet")), f"{side}: no parquet in "
+                                                                           f"data/processed/{split}")
+        processed[split] = _sorted_rows(outdir / "data/processed" / split)
+    stats = json.loads((outdir / "data/processed/stats.json").read_text())
+    return Outcome(0.0, 0.0, json.loads((outdir / "metrics/test.json").read_text()),
+                   _sorted_rows(outdir / "data/raw")[1], processed,
+                   {"rows": stats["rows"], "class_counts": stats["class_counts"], "features": stats["features"]})
+
+
+def _stop_group(pgid: int, grace_s: float) -> bool:
+    """Wait up to ``grace_s`` for process group ``pgid`` to be empty; SIGKILL what is left. True if any was."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            return True
+        time.sleep(0.2)
+
+
+def _execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> tuple[float, float]:
+    """Run ``args`` in its own process group: (wall seconds, peak tree RSS in MiB); checks exit 0 and
+    that nothing of its group outlives it by 10 s (what does is killed)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    sampler = PeakRss(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        peak = sampler.stop()
+    wall = time.perf_counter() - started
+    left = _stop_group(proc.pid, grace_s=10)
+    check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
+                                f"{out[-3000:].decode(errors='replace')}\n{err[-3000:].decode(errors='replace')}")
+    check(not left, f"{side}: processes of its group were still running 10 s after it exited (killed)")
+    return wall, peak / MIB
+
+
+class Runs:
+    """Fresh copies of the template, one per run, removed once observed."""
+
+    def __init__(self, template: Path, scratch: Path) -> None:
+        self.template, self.scratch, self.count = template, scratch, 0
+
+    def _copy(self, side: str) -> Path:
+        self.count += 1
+        workdir = self.scratch / f"{self.count:03d}-{side}"
+        shutil.copytree(self.template, workdir, symlinks=True)
+        return workdir
+
+    def plain(self, env: Mapping[str, str]) -> Outcome:
+        workdir = self._copy("plain")
+        try:
+            since = time.time()
+            wall, peak = _execute([sys.executable, str(PLAIN), "out", "--project", "."], workdir, env, "plain")
+            outcome = _observe(workdir / "out", "plain", since)
+            timings = json.loads((workdir / "out/timings.json").read_text())
+            check(not timings["forbidden_modules_loaded"], f"the plain script imported "
+                                                           f"{timings['forbidden_modules_loaded']}")
+            outcome.wall, outcome.peak_rss_mib, outcome.steps = wall, peak, dict(timings["steps_s"])
+            return outcome
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def conveyor(self, env: Mapping[str, str], side: str = "conveyor") -> Outcome:
+        workdir = self._copy(side)
+        try:
+            since, began = time.time(), datetime.now(UTC)
+            wall, peak = _execute([_conveyor(), "run", "--force"], workdir, env, side)
+            outcome = _observe(workdir, side, since)
+            _record(workdir, outcome, began, wall)
+            outcome.wall, outcome.peak_rss_mib = wall, peak
+            return outcome
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _record(workdir: Path, outcome: Outcome, began: datetime, wall: float) -> None:
+    """From conveyor's run record (checked: every stage ran): stage durations, phases, gaps in the flow."""
+    record: dict[str, Any] = json.loads((workdir / ".conveyor/runs/latest.json").read_text())
+    stages: dict[str, Any] = record["stages"]
+    check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES)
+          and all(s["status"] == "succeeded" and "cache" not in (s.get("reason") or "") for s in stages.values()),
+          f"{workdir.name}: not every stage ran: { {n: (s['status'], s.get('reason')) for n, s in stages.items()} }")
+    started, finished = datetime.fromisoformat(record["started"]), datetime.fromisoformat(record["finished"])
+    before, flow = (started - began).total_seconds(), (finished - started).total_seconds()
+    spans = sorted((datetime.fromisoformat(s["started"]), datetime.fromisoformat(s["finished"]))
+                   for s in stages.values())
+    covered, end = 0.0, started
+    for start, stop in spans:
+        if stop > end:
+            covered += (stop - max(start, end)).total_seconds()
+            end = stop
+    outcome.steps = {name: float(stages[name]["duration_s"]) for name in STAGES}
+    outcome.phases = (before, flow, wall - before - flow)
+    outcome.flow_gaps = flow - covered
+    outcome.critical_path_s = float(record["critical_path_s"])
+    outcome.stage_sum_s = float(record["stage_sum_s"])
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+def check_same(plain: Outcome, conveyor: Outcome, what: str) -> tuple[float, float]:
+    """Same rows, split counts, outputs; AUCs within AUC_TOLERANCE. Returns (max |row diff|, max |AUC diff|)."""
+    check(plain.raw.shape == conveyor.raw.shape, f"{what}: data/raw has {plain.raw.shape} (plain) vs "
+                                                 f"{conveyor.raw.shape} (conveyor) rows x columns")
+    check(bool(np.array_equal(plain.raw, conveyor.raw, equal_nan=True)), f"{what}: data/raw rows differ")
+    check(plain.stats == conveyor.stats, f"{what}: stats.json rows/class counts/features differ: plain "
+                                         f"{plain.stats} vs conveyor {conveyor.stats}")
+    worst = 0.0
+    for split in SPLITS:
+        (p_cols, p_rows), (c_cols, c_rows) = plain.processed[split], conveyor.processed[split]
+        check(p_cols == c_cols, f"{what}: data/processed/{split} columns differ: {p_cols} vs {c_cols}")
+        check(p_rows.shape == c_rows.shape, f"{what}: data/processed/{split} has {p_rows.shape} (plain) vs "
+                                            f"{c_rows.shape} (conveyor) rows x columns")
+        diff = float(np.nanmax(np.abs(p_rows - c_rows))) if p_rows.size else 0.0
+        check(diff <= ROW_TOLERANCE and bool((np.isnan(p_rows) == np.isnan(c_rows)).all()),
+              f"{what}: data/processed/{split} values differ by up to {diff:g} (tolerance {ROW_TOLERANCE:g})")
+        worst = max(worst, diff)
+    auc_diff = 0.0
+    for model in MODELS:
+        p_auc, c_auc = plain.test[model]["auc"], conveyor.test[model]["auc"]
+        check(min(p_auc, c_auc) >= MIN_AUC, f"{what}: {model} test AUC {p_auc} (plain), {c_auc} (conveyor): "
+                                            f"below {MIN_AUC}")
+        check(abs(p_auc - c_auc) <= AUC_TOLERANCE, f"{what}: {model} test AUC {p_auc} (plain) vs {c_auc} "
+                                                   f"(conveyor): more than {AUC_TOLERANCE} apart")
+        auc_diff = max(auc_diff, abs(p_auc - c_auc))
+    return worst, auc_diff
+
+
+def _cold_env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def _with_home(home: Path) -> list[int]:
+    """Processes (other than this one) whose environment has ``PREFECT_HOME=home``."""
+    marker = f"PREFECT_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _server_rss_mib(server: PrefectServer) -> float:
+    """RSS of the shared server's processes now (between runs: no client shares its PREFECT_HOME)."""
+    total = 0
+    for pid in _with_home(server.home):
+        with contextlib.suppress(OSError, ValueError):
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    return total / MIB
+
+
+# --- the benchmark ------------------------------------------------------------------------
+
+
+def run(config: Config, log: Callable[[str], None]) -> Result:
+    repeats = config.reps(full=5, quick=2)
+    cold_repeats = config.reps(full=3, quick=1)
+    scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-reference-"))
+    runs = Runs(scratch / "template", scratch)
+    cold_home = scratch / "prefect-home"
+    try:
+        make_template(scratch / "template")
+        cold_home.mkdir()
+        log(f"{NAME}: starting prefect server")
+        with PrefectServer() as server:
+            log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
+            log(f"{NAME}: warm-up (one run of each side on the server, not counted)")
+            runs.plain(os.environ)
+            runs.conveyor(server.env, "warm-up")
+            log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
+            base, cand = interleaved(repeats, lambda _i: runs.plain(os.environ), lambda _i: runs.conveyor(server.env),
+                                     log)
+            startup_s, server_mib = server.startup_s, _server_rss_mib(server)
+
+        def cold(_i: int) -> Outcome:
+            outcome = runs.conveyor(_cold_env(cold_home), "conveyor-cold")
+            left = _with_home(cold_home)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            check(not left, f"processes of conveyor's temporary Prefect server outlived the run (pids {left}, "
+                            "killed)")
+            return outcome
+
+        log(f"{NAME}: cold: one conveyor run with its temporary server to create its database, not counted")
+        cold(0)
+        log(f"{NAME}: {cold_repeats} interleaved repetitions, conveyor with its temporary server")
+        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: runs.plain(os.environ), cold, log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    agreement = [check_same(b, c, f"shared server, repetition {i}")
+                 for i, (b, c) in enumerate(zip(base, cand, strict=True), start=1)]
+    agreement += [check_same(b, c, f"temporary server, repetition {i}")
+                  for i, (b, c) in enumerate(zip(cold_base, cold_cand, strict=True), start=1)]
+    return _result((base, cand), (cold_base, cold_cand), agreement, startup_s, server_mib)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _share(metric: Metric) -> float:
+    """Median over repetitions of candidate / baseline."""
+    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))
+
+
+def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome], list[Outcome]],
+            agreement: list[tuple[float, float]], startup_s: float, server_mib: float) -> Result:
+    base, cand = warm
+    wall = Metric("wall (s), conveyor on a shared Prefect server", [o.wall for o in base], [o.wall for o in cand])
+    rss = Metric("peak RSS of the process tree (MiB), shared server", [o.peak_rss_mib for o in base],
+                 [o.peak_rss_mib for o in cand], digits=0)
+    cold_wall = Metric("wall (s), conveyor starting its temporary Prefect server", [o.wall for o in cold[0]],
+                       [o.wall for o in cold[1]])
+    cold_rss = Metric("peak RSS of the process tree (MiB), temporary server (in the tree)",
+                      [o.peak_rss_mib for o in cold[0]], [o.peak_rss_mib for o in cold[1]], digits=0)
+    share, cold_share = _share(wall), _share(cold_wall)
+    before, flow, after = (_median([o.phases[k] for o in cand if o.phases]) for k in range(3))
+    c_before, c_flow, c_after = (_median([o.phases[k] for o in cold[1] if o.phases]) for k in range(3))
+    stage_s = {name: _median([o.steps[name] for o in cand]) for name in STAGES}
+    step_s = {name: _median([o.steps[name] for o in base]) for name in PLAIN_STEPS}
+    plain_wall = _median(wall.baseline)
+    p = cand[0].test
+    return Result(
+        name=NAME, description=DESCRIPTION,
+        baseline="benchmarks/plain_reference.py: the same work in one process, no orchestrator (pandas, xgb.train "
+                 "nthread=2, the same MLP, stack, metrics)",
+        candidate="`conveyor run --force` of configs/pipeline.yaml (Dask LocalCluster, xgboost.dask, Prefect flow, "
+                  "DVC record)",
+        repeats=len(base), metrics=[wall, rss, cold_wall, cold_rss],
+        setup={"project": "the repository's tracked files at HEAD (git archive), git init + one commit; a fresh copy "
+                          "for every run of either side (no outs, no .conveyor state)",
+               "data": f"scikit-learn's breast-cancer CSV, {cand[0].raw.shape[0]} rows; splits "
+                       f"{cand[0].stats['rows']}",
+               "plain script": "python benchmarks/plain_reference.py out --project . in its copy: params.yaml and "
+                               "tasks/preprocess.py's pandas helpers of that copy",
+               "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
+                                     "first measurement (not measured); PREFECT_API_URL points conveyor at it",
+               "prefect (rows 3-4)": "PREFECT_API_URL unset: each `conveyor run` starts its temporary server "
+                                     "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
+                                     f"{len(cold[0])} repetition(s), each with its own plain run",
+               "warm-up": "one run of each side on the shared server, not counted (page cache, the first flow run "
+                          "registers the flow)",
+               "memory": f"summed RSS of the command and its descendants, sampled from /proc every "
+                         f"{SAMPLE_S * 1000:.0f} ms"},
+        checks=["every run exited 0 and left no process of its group running 10 s later",
+                f"conveyor's run record: status succeeded, every stage ({', '.join(STAGES)}) succeeded, none "
+                "restored from a cache",
+                f"both sides wrote, in this run, {', '.join(WRITTEN)}",
+                "data/raw: the same rows on both sides, bit for bit (sorted; 12 parquet parts vs one)",
+                f"data/processed/{{train,valid,test}}: the same columns in the same order, the same row counts, and "
+                f"the rows (sorted) equal within {ROW_TOLERANCE:g}; stats.json's split rows, class counts and "
+                f"features equal; largest difference seen {max(a[0] for a in agreement):.2g}",
+                f"metrics/test.json: every model's AUC at least {MIN_AUC} on both sides and within "
+                f"{AUC_TOLERANCE} of the other side's (113 test rows: 0.02 is ~60 of 2982 positive/negative pairs "
+                f"ranked the other way); largest difference seen {max(a[1] for a in agreement):.4f}",
+                "the plain script imported none of conveyor, prefect, dask, distributed (sys.modules at its end)"],
+        notes=[f"goal: conveyor's wall at most {GOAL:g}x the plain script's (ratio column >= {1 / GOAL:.2f}x); "
+               f"measured conveyor / plain (medians of per-repetition quotients): {share:.2f}x with the shared "
+               f"server ({'met' if share <= GOAL else 'NOT met'}), {cold_share:.2f}x with the temporary one "
+               f"({'met' if cold_share <= GOAL else 'NOT met'})",
+               f"test AUC (conveyor, repetition 1): xgb {p['xgb']['auc']}, mlp {p['mlp']['auc']}, stack "
+               f"{p['stack']['auc']}",
+               f"where conveyor's {_median(wall.candidate):.2f} s go (medians, shared server, from its run record): "
+               f"{before:.2f} s before the flow started (interpreter, imports, spec and DVC status, creating the flow "
+               f"run), {flow:.2f} s in the flow, {after:.2f} s after it (closing the Dask cluster, the summary, "
+               f"Prefect draining at exit); within the flow {_median([o.flow_gaps for o in cand]):.2f} s with no "
+               f"stage running; critical path {_median([o.critical_path_s for o in cand]):.2f} s, sum of stages "
+               f"{_median([o.stage_sum_s for o in cand]):.2f} s",
+               "conveyor's stages (median s, shared server; a stage's time includes importing its task module, DVC "
+               "hashing and recording its outs, and starting the Dask cluster where it is the first on it): "
+               + ", ".join(f"{n} {s:.2f}" for n, s in stage_s.items()),
+               f"the plain script's {plain_wall:.2f} s (median): "
+               + ", ".join(f"{n} {s:.2f}" for n, s in step_s.items())
+               + " (from its first import; the rest is the interpreter starting)",
+               f"with the temporary server (rows 3-4): {c_before:.2f} s before the flow, {c_flow:.2f} s in it, "
+               f"{c_after:.2f} s after it (medians): starting and stopping the server on top of the above",
+               f"the shared Prefect server's own process tree held {server_mib:.0f} MiB RSS at the end (not in "
+               "row 2's conveyor figure)"],
+    )
