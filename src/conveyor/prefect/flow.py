@@ -57,7 +57,6 @@ def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
     events: queue.Queue[str] = queue.Queue()
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
-    tasks: dict[str, Any] = {}
     t0 = time.monotonic()
     with Profiles(project.pipeline.profiles, options.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
@@ -77,14 +76,13 @@ def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
                 return False
             record.reason = "; ".join(reasons)
             spec = project.pipeline.stages[stage]
-            if stage not in tasks:
-                tasks[stage] = task(name=stage, task_run_name=stage, retries=spec.retries,
-                                    retry_delay_seconds=spec.retry_delay_s,
-                                    # a command enforces its own timeout: it kills its process group
-                                    timeout_seconds=spec.timeout_s if spec.task else None,
-                                    cache_policy=NO_CACHE, persist_result=False)(_stage_task)
+            prefect_task = task(name=stage, task_run_name=stage, retries=spec.retries,
+                                retry_delay_seconds=spec.retry_delay_s,
+                                # a command enforces its own timeout: it kills its process group
+                                timeout_seconds=spec.timeout_s if spec.task else None,
+                                cache_policy=NO_CACHE, persist_result=False)(_stage_task)
             began[stage] = time.monotonic()
-            futures[stage] = tasks[stage].submit(stage, runner)
+            futures[stage] = prefect_task.submit(stage, runner)
             futures[stage].add_done_callback(lambda _f: events.put(stage))
             return True
 

@@ -55,6 +55,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+
+
 class TemporaryServer:
     """Prefect's ephemeral API server in a subprocess of this run, on 127.0.0.1."""
 
@@ -89,7 +92,7 @@ class TemporaryServer:
                 raise PrefectServerError(f"the temporary Prefect server exited with code {self.process.returncode} "
                                          f"before it answered; its output is in {self.log}")
             try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:  # noqa: S310
+                with _DIRECT.open(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -168,6 +171,8 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
         if server.process is None:
             server.start()
         server.wait()
+        for name in ("NO_PROXY", "no_proxy"):  # Prefect's client must reach the loopback server directly
+            os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1"]))
         os.environ["PREFECT_API_URL"] = server.api_url
         refresh_global_settings_context()
         TEMPORARY.append(server.api_url)

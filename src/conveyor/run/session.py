@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.errors import ProfileError
 from conveyor.plan import dag
 from conveyor.plan.fingerprint import Record
 from conveyor.run.journal import RECOVERED, Journal
@@ -150,10 +151,18 @@ def nothing_to_do(session: RunSession, run_id: str | None = None) -> RunRecord:
     stamp = now().isoformat()
     for stage in project.order:
         if stage in session.selected:
-            run.stages[stage] = StageRecord(status=Outcome.SKIPPED.value, reason=UP_TO_DATE, started=stamp,
-                                            finished=stamp, profile=profiles.resolve(project.pipeline.stages[stage].on)
-                                            or "local", metrics=stage_metrics(project.root, project.metrics_of(stage)))
+            run.stages[stage] = StageRecord(
+                status=Outcome.SKIPPED.value, reason=UP_TO_DATE, started=stamp, finished=stamp,
+                profile=_profile(profiles, project.pipeline.stages[stage].on),
+                metrics=stage_metrics(project.root, project.metrics_of(stage)))
     run.close(project.graph, time.monotonic() - t0)
     run.write(project.root)
     return run
 
+
+def _profile(profiles: Profiles, on: str | None) -> str:
+    """The profile a skipped stage would have run on; as declared where it could not (no GPU, no fallback)."""
+    try:
+        return profiles.resolve(on) or "local"
+    except ProfileError:
+        return on or "local"
