@@ -43,10 +43,8 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import xgboost as xgb  # noqa: E402
 import yaml  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
-from sklearn.metrics import accuracy_score, log_loss, roc_auc_score, roc_curve  # noqa: E402
+from sklearn.metrics import accuracy_score, log_loss, roc_auc_score  # noqa: E402
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -251,17 +249,10 @@ def evaluate(test: pd.DataFrame, probabilities: Mapping[str, npt.NDArray[np.floa
                      "logloss": round(float(log_loss(y, p, labels=[0, 1])), DIGITS)}
               for name, p in probabilities.items()}
     write_json(metrics / "test.json", scores)
-    figure = Figure(figsize=(5, 5), dpi=100)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    for name, p in probabilities.items():
-        fpr, tpr, _ = roc_curve(y, p)
-        axes.plot(fpr, tpr, label=f"{name} (AUC {roc_auc_score(y, p):.3f})")
-    axes.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8)
-    axes.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC, test split")
-    axes.legend(loc="lower right")
+    from tasks.evaluate import plot_roc  # the project's own plot (matplotlib only, no conveyor)
+
     plot.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(plot, format="png", metadata={"Software": None})
+    plot_roc(plot, y, dict(probabilities))
 
 
 def main(argv: list[str] | None = None) -> int:

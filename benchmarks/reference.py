@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from benchmarks.dvc_repro import _with_env
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
 
@@ -336,24 +337,10 @@ def _cold_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _with_home(home: Path) -> list[int]:
-    """Processes (other than this one) whose environment has ``PREFECT_HOME=home``."""
-    marker = f"PREFECT_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def _server_rss_mib(server: PrefectServer) -> float:
     """RSS of the shared server's processes now (between runs: no client shares its PREFECT_HOME)."""
     total = 0
-    for pid in _with_home(server.home):
+    for pid in _with_env(server.home):
         with contextlib.suppress(OSError, ValueError):
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
     return total / MIB
@@ -384,7 +371,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         def cold(_i: int) -> Outcome:
             outcome = runs.conveyor(_cold_env(cold_home), "conveyor-cold")
-            left = _with_home(cold_home)
+            left = _with_env(cold_home)
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
