@@ -1,0 +1,101 @@
+"""Helpers for end-to-end tests: projects in tmp_path, `conveyor` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Project:
+    """A conveyor project in a temporary directory, run through the real console script."""
+
+    root: Path
+    env: dict[str, str]
+    tag: str
+
+    def write(self, rel: str, text: str) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+        return path
+
+    def conveyor(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["conveyor", *args], cwd=self.root, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        """``conveyor`` as a terminal starts it: SIGINT at its default, even when the tests run
+        as a background job of a script (which ignores SIGINT, and its children inherit that)."""
+        return subprocess.Popen(["conveyor", *args], cwd=self.root, env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_sigint)
+
+    def record(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.root / ".conveyor/runs/latest.json").read_text())
+        return data
+
+    def left_running(self, grace_s: float = 3.0) -> list[psutil.Process]:
+        """Processes of this project's runs still alive ``grace_s`` after the run ended.
+
+        A grace, not zero: Python's multiprocessing resource tracker (started by loky and
+        Dask) exits only when the runner's end of its pipe closes, a few milliseconds after it.
+        """
+        deadline = time.monotonic() + grace_s
+        while (left := self.tagged_processes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+    def tagged_processes(self) -> list[psutil.Process]:
+        """Processes started by this project's runs (they inherit its tag), still alive."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("CONVEYOR_TEST_TAG") == self.tag:
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def make_project(tmp_path: Path, prefect_server: dict[str, str]) -> Callable[[], Project]:
+    """A fresh project root that runs against the session's Prefect server."""
+
+    def make() -> Project:
+        root = tmp_path / f"proj-{uuid.uuid4().hex[:6]}"
+        root.mkdir()
+        (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+        tag = uuid.uuid4().hex
+        env = {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}
+        return Project(root, env, tag)
+
+    return make
+
+
+@pytest.fixture
+def reference_project(make_project: Callable[[], Project]) -> Project:
+    """A copy of this repository's reference pipeline (spec, params, tasks) in tmp_path."""
+    project = make_project()
+    for rel in ("configs", "tasks"):
+        shutil.copytree(REPO / rel, project.root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "params.yaml", project.root / "params.yaml")
+    return project
