@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
