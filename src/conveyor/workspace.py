@@ -7,6 +7,7 @@ the run lock. Like ``.dvc/tmp``, none of it belongs in git: the folder ignores i
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -27,6 +28,29 @@ def state_dir(root: Path) -> Path:
         ignore.write_text("# conveyor's run records, logs and journal: local state, not for git\n*\n",
                           encoding="utf-8")
     return folder
+
+
+def replace_atomically(path: Path, text: str, scratch: Path | None = None) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader (or a
+    process killed mid-write) sees the old content or the new, never a part.
+
+    ``scratch``: where the temporary file goes (default: beside ``path``), e.g. ``.conveyor/``
+    for a file in the user's tree, where a kill -9 would otherwise leave it in plain sight.
+    It must be on the same file system; where it is not, the file goes beside ``path``.
+    """
+    folder = scratch if scratch is not None else path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV or scratch is None:
+                raise
+            replace_atomically(path, text)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

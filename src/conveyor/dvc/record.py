@@ -24,6 +24,7 @@ from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.errors import RunLockedError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
 from conveyor.spec.project import Project
+from conveyor.workspace import replace_atomically, state_dir
 
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
@@ -205,8 +206,32 @@ class DvcRecord:
             uncached = any(not o.use_cache for o in st.outs if not (o.is_metric or o.is_plot))
             st.save(run_cache=not uncached)
             st.commit()
-            st.dump(update_pipeline=False)
+            self._dump_lock(st)
             self._locked.add(stage)
+
+    def _dump_lock(self, st: PipelineStage) -> None:
+        """The stage's entry into dvc.lock as DVC's ``Lockfile.dump_stages`` writes it (its
+        serializer, its round-trip YAML), but into a temporary file renamed over dvc.lock:
+        DVC rewrites the file in place, and a kill -9 then leaves it empty, the project's
+        whole record lost."""
+        from dvc.dvcfile import logger
+        from dvc.stage.serialize import to_lockfile
+        from dvc.utils.serialize import dumps_yaml, parse_yaml_for_update
+
+        path = self.file.with_suffix(".lock")
+        relpath = os.path.relpath(path)
+        data: Any = parse_yaml_for_update(path.read_text(encoding="utf-8"), str(path)) if path.exists() else {}
+        if not data:
+            data.update({"schema": "2.0"})  # first: DVC keeps the schema at the top
+            logger.info("Generating lock file '%s'", relpath)
+        data["stages"] = data.get("stages", {})
+        entry = to_lockfile(st)
+        if path.exists() and data["stages"].get(st.name, {}) == entry.get(st.name, {}):
+            return
+        logger.info("Updating lock file '%s'", relpath)
+        data["stages"].update(entry)
+        replace_atomically(path, dumps_yaml(data), scratch=state_dir(self.project.root))
+        self.repo.scm_context.track_file(relpath)
 
 
 def _params(stage: PipelineStage, path: str, state: Mapping[str, str]) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import yaml
 
 from conveyor.spec.project import Project
-from conveyor.workspace import state_dir
+from conveyor.workspace import replace_atomically, state_dir
 
 CHUNK = 1 << 20
 
@@ -244,11 +244,9 @@ class LockRecord:
         """JSON (YAML too), a stage per line: a whole rewrite per stage costs microseconds per
         entry with the C encoder, where YAML's representer took milliseconds (O(N^2) over a run)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         stages = ",\n".join(f" {json.dumps(name)}: {json.dumps(entry, default=str)}"
                              for name, entry in data["stages"].items())
-        tmp.write_text(f'{{"schema": {json.dumps(data["schema"])}, "stages": {{\n{stages}\n}}}}\n', encoding="utf-8")
-        os.replace(tmp, self.path)
+        replace_atomically(self.path, f'{{"schema": {json.dumps(data["schema"])}, "stages": {{\n{stages}\n}}}}\n')
 
 
 def _parse(text: str) -> Any:
