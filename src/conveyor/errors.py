@@ -92,3 +92,15 @@ class DeployError(ConveyorError, RuntimeError):
 
 class PrefectServerError(ConveyorError):
     """The temporary Prefect server a run starts (no PREFECT_API_URL) did not answer."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM stopped the command; ``signal_name`` says which.
+
+    A KeyboardInterrupt, so that everything unwinding (journals, clusters, servers) treats
+    SIGTERM exactly as Ctrl-C; the command line exits 130 or 143 by the name.
+    """
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name

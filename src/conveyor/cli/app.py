@@ -7,6 +7,7 @@ print as one clear message, never a traceback. Prefect is imported only by ``run
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from enum import StrEnum
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from conveyor.errors import ConveyorError, UsageError
+from conveyor.errors import ConveyorError, Interrupted, UsageError
 from conveyor.plan import dag
 from conveyor.spec.project import Project, load_project, resolve_spec
 
@@ -129,17 +130,41 @@ def run(
     options = RunOptions(tuple(targets), downstream, force, overrides, single=single_item)
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
-    # Decide first, under the run's locks: when nothing is due, no Prefect, server or cluster starts.
-    with open_session(project, options, warn=warn) as session:
-        if session.nothing_to_do:
-            record = nothing_to_do(session, run_id)
-        else:
-            record = _run_flow(project, session, run_id, verbose)
     from conveyor.cli.view import resume_command, summary
 
+    # Decide first, under the run's locks: when nothing is due, no Prefect, server or cluster starts.
+    try:
+        with open_session(project, options, warn=warn) as session:
+            if session.nothing_to_do:
+                record = nothing_to_do(session, run_id)
+            else:
+                record = _run_flow(project, session, run_id, verbose)
+    except KeyboardInterrupt as exc:
+        _interrupted_run(project, run_id, exc)
     err.print(summary(record, project, resume_command(project, record)))
     if record.status != "succeeded":
         raise typer.Exit(1)
+
+
+def _interrupted_run(project: Project, run_id: str, exc: KeyboardInterrupt) -> NoReturn:
+    """Ctrl-C or SIGTERM during a run, once everything it started has stopped: what the run did
+    and what was stopped, then exit 130 (SIGINT) or 143 (SIGTERM)."""
+    import json
+
+    from conveyor.cli.view import summary
+    from conveyor.run.record import RunRecord, record_path
+
+    if isinstance(exc, Interrupted):
+        _SIGNAL[:] = [exc.signal_name]
+    path = record_path(project.root, run_id)
+    try:
+        record = RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # interrupted before the flow wrote its record
+        _stopped("before any stage started: nothing changed")
+    err.print(summary(record, project, f"conveyor run{project.spec_option}"))
+    stopped = record.interrupted
+    what = f"stopped {', '.join(stopped)} (previous outs kept)" if stopped else "no stage was running"
+    _stopped(f"{what}; clusters, workers and commands were stopped; record: {project.rel(path)}")
 
 
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
@@ -151,11 +176,16 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
     # Prefect is imported (by prefect_api, while a temporary server starts) before the capture:
     # its console handler keeps the real stderr, which the capture then sends to run.log.
     with prefect_api(log_path(project.root, run_id, "prefect-server")):
+        from prefect.exceptions import TerminationSignal
+
         from conveyor.prefect.flow import run_pipeline
 
         # The terminal shows the live view; everything else is in the logs (run.log: Prefect, Dask workers, ...).
         with capture_output(log_path(project.root, run_id, "run"), verbose=verbose):
-            record = run_pipeline(session, run_id)
+            try:
+                record = run_pipeline(session, run_id)
+            except TerminationSignal as exc:  # Prefect's flow turns SIGTERM into this
+                raise Interrupted("SIGTERM") from exc
         # Prefect's workers drain at exit and log that at INFO on the terminal, below the summary
         logging.getLogger("prefect").setLevel(logging.WARNING)
     return record
@@ -211,11 +241,24 @@ def _root_for_logs() -> Path:
 
 
 def _recover_outs(project: Project) -> None:
-    """Put back the previous outs of stages whose run was killed (kill -9 leaves them to us)."""
+    """Put back the previous outs of stages whose run was killed (kill -9 leaves them to us),
+    and record that run as interrupted, unless a run is going on."""
+    from conveyor.errors import RunLockedError
     from conveyor.run.journal import RECOVERED, Journal
+    from conveyor.run.record import settle_killed_run
+    from conveyor.run.session import KILLED
+    from conveyor.workspace import run_lock
 
     for stage in Journal(project.root).recover():
         err.print(RECOVERED.format(stage=stage), style="yellow", highlight=False)
+    try:
+        with run_lock(project.root):
+            killed = settle_killed_run(project.root)
+    except RunLockedError:
+        return  # a run is going on: its record is its own
+    if killed is not None:
+        err.print(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"),
+                  style="yellow", highlight=False)
 
 
 class DagFormat(StrEnum):
@@ -317,13 +360,32 @@ def serve(
     serve_all(find_root(Path.cwd()), limit=limit)
 
 
+_SIGNAL: list[str] = []  # the signal that stopped this command, once one has
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    _SIGNAL[:] = [signal.Signals(signum).name]
+    raise Interrupted(_SIGNAL[0])
+
+
+def _stopped(what: str = "clusters, workers and commands were stopped; outs of unfinished stages are "
+                         "unchanged") -> NoReturn:
+    """Say what Ctrl-C or SIGTERM stopped; exit 130 or 143 without waiting for threads: a stage
+    blocked in a C call was abandoned (its outs put back) and must not hold the process, and
+    servers and clusters have already stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name = _SIGNAL[0] if _SIGNAL else "SIGINT"
+    err.print(f"interrupted ({name}): {what}", highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(143 if name == "SIGTERM" else 130)
 
 
 def main() -> None:
     """Console entry point: one message and an exit code for every conveyor error."""
     signal.signal(signal.SIGTERM, _interrupt)  # clean up clusters on `kill` as on Ctrl-C
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         code = app(standalone_mode=False)  # click returns the code of typer.Exit here
     except ConveyorError as exc:
@@ -332,10 +394,11 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted: clusters and workers were stopped; outs of unfinished stages are unchanged")
-        sys.exit(130)
+        _stopped()
     except typer.TyperException as exc:  # usage errors: since typer 0.29 (it vendors click) all derive from it
         _usage_error(exc)
+    if _SIGNAL and code == 130:  # typer turns KeyboardInterrupt into exit code 130
+        _stopped()
     sys.exit(code if isinstance(code, int) else 0)
 
 

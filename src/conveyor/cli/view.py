@@ -25,9 +25,9 @@ from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project
 
 STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
-         "failed": "bold red", "not_run": "yellow"}
+         "failed": "bold red", "not_run": "yellow", "interrupted": "bold yellow"}
 ICON = {"waiting": "·", "running": "▶", "succeeded": "✔", "skipped": "↷", "failed": "✘",
-        "not_run": "-"}
+        "not_run": "-", "interrupted": "■"}
 
 
 class RunView:
@@ -71,6 +71,12 @@ class RunView:
         with self._lock:
             self.state[stage], self.note[stage], self.took[stage] = outcome.value, note, seconds
         self._plain(stage, f"{outcome.value} in {seconds:.1f}s" + (f" ({note})" if note else ""))
+
+    def interrupted(self, stage: str, seconds: float) -> None:
+        """Ctrl-C or SIGTERM stopped ``stage`` (or it was abandoned, blocked in a C call)."""
+        with self._lock:
+            self.state[stage], self.note[stage], self.took[stage] = "interrupted", "", seconds
+        self._plain(stage, f"interrupted after {seconds:.1f}s")
 
     def _plain(self, stage: str, text: str) -> None:
         if self._live is None:

@@ -21,15 +21,17 @@ from typing import Any
 from prefect import State, flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from conveyor.cli.view import RunView
-from conveyor.errors import UsageError
+from conveyor.errors import Interrupted, UsageError
 from conveyor.run import capture
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
 from conveyor.run.stage import StageRunner, short_error
@@ -40,21 +42,43 @@ log = logging.getLogger("conveyor")
 LOCAL_STAGES = os.cpu_count() or 1
 
 
+class StageTaskRunner(ThreadPoolTaskRunner[Any]):
+    """Prefect's thread-pool task runner, except that a flow ending on an exception (Ctrl-C)
+    does not wait for its threads: a stage blocked in a C call would hold the run for as long
+    as the call lasts. conveyor has put back that stage's outs; the thread ends with the process."""
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        if exc_type is None or self._executor is None:
+            super().__exit__(exc_type, exc_value, traceback)
+            return
+        for event in self._cancel_events.values():
+            event.set()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor = None
+        TaskRunner.__exit__(self, exc_type, exc_value, traceback)
+
+
 def _stage_task(stage: str, runner: StageRunner) -> str:
     return runner(stage).value
 
 
-def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
+def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvents | None = None) -> RunRecord:
     """Run the due stages of ``session``, each as soon as its upstream succeeded; fills ``run``.
 
     A stage that is up to date is recorded skipped where the loop reaches it: only stages
-    that run become Prefect task runs (the summary artifact lists the others).
+    that run become Prefect task runs (the summary artifact lists the others). ``events``
+    hears each stage start and end (a killed run's record is settled from them).
+
+    Ctrl-C or SIGTERM (KeyboardInterrupt here) stops every running stage; one blocked in a
+    call Python cannot interrupt (a C call) is given :data:`INTERRUPT_GRACE_S`, then
+    abandoned: its previous outs are put back at once and its thread ends with the process.
     """
+    note = events.stage if events is not None else (lambda _stage, _record: None)
     project, options = session.project, session.options
     local = {stage: "local" for stage, spec in project.pipeline.stages.items() if spec.on is None}
     schedule = Schedule(project.graph, session.selected, order=project.order,
                         pool_of=local, limits={"local": LOCAL_STAGES})
-    events: queue.Queue[str] = queue.Queue()
+    finished: queue.Queue[str] = queue.Queue()  # stages whose task run ended
     futures: dict[str, Any] = {}
     began: dict[str, float] = {}
     t0 = time.monotonic()
@@ -73,8 +97,10 @@ def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
                 record.status, record.reason, record.finished = Outcome.SKIPPED.value, UP_TO_DATE, record.started
                 view.finished(stage, Outcome.SKIPPED, 0.0, UP_TO_DATE)
                 schedule.finish(stage, Outcome.SKIPPED)
+                note(stage, record)
                 return False
-            record.reason = "; ".join(reasons)
+            record.status, record.reason = RUNNING, "; ".join(reasons)
+            note(stage, record)
             spec = project.pipeline.stages[stage]
             prefect_task = task(name=stage, task_run_name=stage, retries=spec.retries,
                                 retry_delay_seconds=spec.retry_delay_s,
@@ -83,7 +109,7 @@ def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
                                 cache_policy=NO_CACHE, persist_result=False)(_stage_task)
             began[stage] = time.monotonic()
             futures[stage] = prefect_task.submit(stage, runner)
-            futures[stage].add_done_callback(lambda _f: events.put(stage))
+            futures[stage].add_done_callback(lambda _f: finished.put(stage))
             return True
 
         def start_ready() -> None:
@@ -92,28 +118,63 @@ def execute(session: RunSession, view: RunView, run: RunRecord) -> RunRecord:
                 skipped = [stage for stage in ready if not start(stage)]
                 ready = schedule.ready() if skipped else []
 
+        interrupted = False
         try:
             start_ready()
             while not schedule.finished:
-                stage = events.get()
+                stage = finished.get()
                 outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view)
+                note(stage, run.stages[stage])
                 if outcome is Outcome.SUCCEEDED:
                     session.ran.add(stage)
                 for lost in schedule.finish(stage, outcome):
                     run.stages[lost].reason = f"upstream '{stage}' failed"
                     view.finished(lost, Outcome.NOT_RUN, 0.0, run.stages[lost].reason)
                 start_ready()
-        except KeyboardInterrupt:
-            for stage in runner.interrupt():
-                run.stages[stage].status, run.stages[stage].error = Outcome.FAILED.value, "interrupted"
+        except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C; SIGTERM, as Prefect's flow raises it
+            interrupted = True
+            _stop(runner, {s for s in schedule.running if s in futures}, futures, finished, began, run, view)
+            if isinstance(exc, TerminationSignal):
+                raise Interrupted("SIGTERM") from exc
             raise
         finally:
-            run.close(project.graph, time.monotonic() - t0)
+            run.close(project.graph, time.monotonic() - t0, interrupted=interrupted)
     return run
 
 
+INTERRUPT_GRACE_S = 3.0  # for a stage to stop after Ctrl-C before it is abandoned
+
+
+def _stop(runner: StageRunner, running: set[str], futures: Mapping[str, Any], finished: queue.Queue[str],
+          began: Mapping[str, float], run: RunRecord, view: RunView) -> None:
+    """Interrupt the ``running`` stages; record each as it ends (or abandon it after the grace)."""
+    runner.interrupt()
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while running and (left := deadline - time.monotonic()) > 0:
+        try:
+            stage = finished.get(timeout=left)
+        except queue.Empty:
+            break
+        if stage in running:
+            running.discard(stage)
+            if _finish(stage, futures[stage], time.monotonic() - began[stage], run, view) is Outcome.FAILED:
+                run.stages[stage].status, run.stages[stage].error = INTERRUPTED, "interrupted"
+                view.interrupted(stage, run.stages[stage].duration_s)
+    for stage in running:  # blocked in a call that cannot be interrupted: its outs go back now
+        runner.abandon(stage)
+        record = run.stages[stage]
+        record.status, record.finished = INTERRUPTED, now().isoformat()
+        record.duration_s = round(time.monotonic() - began[stage], 3)
+        record.error = (f"interrupted: still blocked after {INTERRUPT_GRACE_S:.0f}s in a call that cannot be "
+                        "interrupted; its previous outs were put back and it ended with the run")
+        view.interrupted(stage, record.duration_s)
+
+
 def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunView) -> Outcome:
-    result = future.result(raise_on_failure=False)
+    try:
+        result = future.result(raise_on_failure=False)
+    except BaseException as exc:  # noqa: BLE001 - a crashed task run (interrupted) raises its exception here
+        result = exc
     record = run.stages[stage]
     record.finished, record.duration_s = now().isoformat(), round(seconds, 3)
     if isinstance(result, BaseException) or result is None:
@@ -177,7 +238,8 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
     return final_state(run_in_flow(project, options, run_id))
 
 
-@flow(name="conveyor-pipeline", flow_run_name=pipeline_run_name, persist_result=False, log_prints=True)
+@flow(name="conveyor-pipeline", flow_run_name=pipeline_run_name, persist_result=False, log_prints=True,
+      task_runner=StageTaskRunner())  # type: ignore[arg-type]  # Prefect types R invariant
 def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
                   downstream: bool = False, force: bool = False,
                   profile: dict[str, str] | None = None, single_item: bool = False,
@@ -199,9 +261,10 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""),
                     flow_run_url=_flow_run_url())
     run.stages = {s: StageRecord() for s in project.order if s in session.selected}
+    run.write(project.root)  # "running": if the run is killed, the next command settles it
     try:
         with RunView(list(run.stages)) as view:
-            execute(session, view, run)
+            execute(session, view, run, RunEvents(project.root, run.run_id))
     finally:
         for name, stage in run.stages.items():
             if stage.status in (Outcome.SUCCEEDED.value, Outcome.SKIPPED.value):

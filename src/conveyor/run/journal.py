@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
@@ -89,14 +90,22 @@ class Entry:
 
     def __init__(self, root: Path, folder: Path, stage: str, outs: Sequence[Kept], lock: IO[str]) -> None:
         self.root, self.folder, self.stage, self.outs, self._lock = root, folder, stage, tuple(outs), lock
+        self._settle = threading.Lock()
+        self._settled = False  # restored or dropped: once only (an abandoned stage's thread may still end)
 
     def restore(self) -> None:
         """Put the previous outs back, removing what the stage wrote in their place."""
-        restore_outs(self.root, self.folder, self.outs)
+        with self._settle:
+            if not self._settled:
+                self._settled = True
+                restore_outs(self.root, self.folder, self.outs)
 
     def drop(self) -> None:
         """The stage succeeded: forget the previous outs."""
-        remove(self.folder)
+        with self._settle:
+            if not self._settled:
+                self._settled = True
+                remove(self.folder)
 
     def release(self) -> None:
         fcntl.flock(self._lock, fcntl.LOCK_UN)

@@ -2,12 +2,20 @@
 
 ``speedup`` is the sum of stage durations over the wall time; ``critical_path_s`` is the
 longest dependent chain, the Amdahl bound no executor can beat.
+
+A run that is interrupted (Ctrl-C, SIGTERM) writes its record with status ``interrupted``
+itself. A run that is killed (kill -9, the machine going down) cannot: while it runs, its
+record says ``running`` and each stage's start and end is appended to an events file
+beside it (a line each, so a long pipeline pays no rewrite per stage); the next command
+that takes the run lock finds the record still ``running`` and settles it from the
+events (:func:`settle_killed_run`): stages that had ended keep their outcome, those that
+were running are ``interrupted``.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -16,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.plan import dag
+from conveyor.run.logs import logs_dir
 from conveyor.run.schedule import Outcome
-from conveyor.workspace import STATE_DIR, state_dir
+from conveyor.workspace import STATE_DIR, replace_atomically, state_dir
+
+RUNNING = "running"  # a run's or a stage's status while it runs
+INTERRUPTED = "interrupted"  # stopped by Ctrl-C, SIGTERM, or killed (recorded by the next command)
 
 
 def now() -> datetime:
@@ -70,11 +82,18 @@ class RunRecord:
     def not_run(self) -> list[str]:
         return [n for n, s in self.stages.items() if s.status == Outcome.NOT_RUN.value]
 
-    def close(self, graph: dag.Graph, wall_s: float) -> None:
-        """Fill in the totals once every stage has ended."""
+    @property
+    def interrupted(self) -> list[str]:
+        return [n for n, s in self.stages.items() if s.status == INTERRUPTED]
+
+    def close(self, graph: dag.Graph, wall_s: float, *, interrupted: bool = False) -> None:
+        """Fill in the totals once every stage has ended (or the run was interrupted)."""
         self.finished = now().isoformat()
         self.wall_s = round(wall_s, 3)
-        self.status = "failed" if self.failed or self.not_run else "succeeded"
+        if interrupted or self.interrupted:
+            self.status = INTERRUPTED
+        else:
+            self.status = "failed" if self.failed or self.not_run else "succeeded"
         durations = {n: s.duration_s for n, s in self.stages.items()}
         sub = {n: frozenset(u for u in graph[n] if u in durations) for n in durations}
         self.critical_path, cp = dag.critical_path(sub, durations)
@@ -92,16 +111,76 @@ class RunRecord:
         return cls(**body)
 
     def write(self, root: Path) -> Path:
-        """Write this record and point latest.json at it; both writes are atomic."""
+        """Write this record and point latest.json at it; both writes are atomic.
+
+        A record that is no longer ``running`` has no use for its events file: it goes.
+        """
         path = record_path(root, self.run_id)
         folder = path.parent
         folder.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=2)
         for target in (path, folder / "latest.json"):
-            tmp = target.with_name(f".{target.name}.tmp")
-            tmp.write_text(text + "\n", encoding="utf-8")
-            os.replace(tmp, target)
+            replace_atomically(target, text + "\n")
+        if self.status != RUNNING:
+            events_path(root, self.run_id).unlink(missing_ok=True)
         return path
+
+
+class RunEvents:
+    """The events file of a running run: one JSON line per stage start and end, appended."""
+
+    def __init__(self, root: Path, run_id: str) -> None:
+        self.path = events_path(root, run_id)
+        self._lock = threading.Lock()
+
+    def stage(self, stage: str, record: StageRecord) -> None:
+        line = json.dumps({"stage": stage, **{k: v for k, v in asdict(record).items() if k != "trace"}})
+        with self._lock, self.path.open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+def _last_sign_of_life(root: Path, run: RunRecord) -> str:
+    """When a killed run last wrote anything: its events file or its logs (stages log as they go)."""
+    folder = logs_dir(root, run.run_id)
+    written = [p for p in (events_path(root, run.run_id), *(folder.iterdir() if folder.is_dir() else ())) if p.exists()]
+    if not written:
+        return run.started
+    latest = datetime.fromtimestamp(max(p.stat().st_mtime for p in written), UTC)
+    return max(latest, datetime.fromisoformat(run.started)).isoformat()
+
+
+def events_path(root: Path, run_id: str) -> Path:
+    return state_dir(root) / "runs" / f"{run_id}.events"
+
+
+def settle_killed_run(root: Path) -> RunRecord | None:
+    """The last run, if it was killed (its record still says ``running``): recorded as
+    interrupted from its events, and returned; None when it ended on its own.
+
+    Call it holding the run lock: a record that says ``running`` is then one whose run is gone.
+    """
+    run = read_latest(root)
+    if run is None or run.status != RUNNING:
+        return None
+    events = events_path(root, run.run_id)
+    last_seen = _last_sign_of_life(root, run)
+    if events.exists():
+        for line in events.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+                name = event.pop("stage")
+            except (ValueError, KeyError):
+                continue  # the line being written when the run was killed
+            if name in run.stages:
+                run.stages[name] = StageRecord(**{**asdict(run.stages[name]), **event})
+    for stage in run.stages.values():
+        if stage.status == RUNNING:
+            stage.status, stage.finished = INTERRUPTED, last_seen
+            stage.error = "the run was killed while this stage ran: its previous outs were put back"
+    run.status, run.finished = INTERRUPTED, last_seen
+    run.wall_s = round((datetime.fromisoformat(last_seen) - datetime.fromisoformat(run.started)).total_seconds(), 3)
+    run.write(root)
+    return run
 
 
 def record_path(root: Path, run_id: str) -> Path:

@@ -26,12 +26,13 @@ from conveyor.plan.fingerprint import Record
 from conveyor.run.journal import RECOVERED, Journal
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.record import RunRecord, StageRecord, new_run_id, now, settle_killed_run
 from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project
 from conveyor.workspace import run_lock
 
 UP_TO_DATE = "up to date"
+KILLED = "the last run ({run}) was killed while {stages} ran: recorded as interrupted"
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ def open_session(project: Project, options: RunOptions,
         recovered = Journal(project.root).recover()
         for stage in recovered:
             warn(RECOVERED.format(stage=stage))
+        killed = settle_killed_run(project.root)
+        if killed is not None:
+            warn(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"))
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:
             if stage not in selected:

@@ -23,7 +23,7 @@ from conveyor.errors import MissingOutputError, StageError
 from conveyor.plan.fingerprint import Record
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
-from conveyor.run.journal import RECOVERED, Journal
+from conveyor.run.journal import RECOVERED, Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
@@ -77,6 +77,8 @@ class StageRunner:
         ensure_importable(project.root)
         self._mutex = threading.Lock()
         self._threads: dict[str, int] = {}
+        self._entries: dict[str, Entry] = {}  # the journal entry of each running stage
+        self._abandoned: set[str] = set()
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -114,13 +116,23 @@ class StageRunner:
                 stopped.append(stage)
         return stopped
 
+    def abandon(self, stage: str) -> None:
+        """Give up on a running stage that did not stop when interrupted (blocked in a C call):
+        put its previous outs back now; it never records a success. Its thread ends with the process."""
+        with self._mutex:
+            self._abandoned.add(stage)
+            entry = self._entries.get(stage)
+        if entry is not None:
+            entry.restore()
+
     def _attempt(self, stage: str, resources: Resources, progress: StageProgress, attempt: int) -> None:
         spec = self.project.pipeline.stages[stage]
         path = log_path(self.project.root, self.run.run_id, stage)
         frozen = stage in self.project.frozen  # DVC's frozen stage: its outs are checked, never rewritten
         with StageLog(path, stage, attempt, on_line=progress.note) as log:
             fn = self._import(stage, progress) if spec.task else None
-            with self.journal.protect(stage, () if frozen else spec.written, spec.persist):
+            with self.journal.protect(stage, () if frozen else spec.written, spec.persist) as entry:
+                self._entries[stage] = entry
                 if self.record is not None and not frozen:
                     self.record.prepare(stage)
                 if frozen:
@@ -133,6 +145,9 @@ class StageRunner:
                 else:
                     self._command(stage, resources, log)
                 check_outs(self.project.root, stage, spec.written)
+                with self._mutex:
+                    if stage in self._abandoned:  # it ended after all, too late: its outs went back
+                        raise KeyboardInterrupt(f"{stage} was abandoned")
                 if self.record is not None:
                     self.record.save(stage)
 
