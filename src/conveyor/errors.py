@@ -6,8 +6,21 @@ Each error carries typed attributes and builds its message in ``__str__``, so ca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+# the user information of a URL (``https://user:password@host``, ``https://TOKEN@host``)
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***`` (``https://***@host``).
+
+    Sources are URLs, and a URL may carry a password or a token: whatever conveyor writes
+    (console, stage logs, run records, Prefect's task runs and artifacts) goes through this.
+    """
+    return _USERINFO.sub(r"\g<scheme>***@", text)
 
 
 class ConveyorError(Exception):
@@ -68,6 +81,18 @@ class StageError(ConveyorError, RuntimeError):
 
     def __str__(self) -> str:
         return f"stage '{self.stage}' failed: {self.reason}"
+
+
+class RedactedError(ConveyorError, RuntimeError):
+    """A stage's error whose message named a credential, raised in its place (``from None``)
+    so that Prefect stores and logs the redacted text only."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class MissingOutputError(StageError):

@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from conveyor.errors import redact
 from conveyor.ingest.params import CsvOptions, IngestParams, UrlSource
 from conveyor.ingest.parts import part_path, temporary, write_atomically
 from conveyor.ingest.retry import Cancelled, GaveUp, call_with_retries, describe
@@ -58,7 +59,7 @@ class SourceError(OSError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"cannot ingest source '{self.url}': {self.reason}"
+        return redact(f"cannot ingest source '{self.url}': {self.reason}")
 
 
 @dataclass(frozen=True)

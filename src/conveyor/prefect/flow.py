@@ -34,7 +34,7 @@ from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
-from conveyor.run.stage import StageRunner, short_error
+from conveyor.run.stage import StageRunner, redacted, short_error
 from conveyor.spec.project import Project, load_project, resolve_spec
 
 log = logging.getLogger("conveyor")
@@ -59,7 +59,13 @@ class StageTaskRunner(ThreadPoolTaskRunner[Any]):
 
 
 def _stage_task(stage: str, runner: StageRunner) -> str:
-    return runner(stage).value
+    try:
+        return runner(stage).value
+    except Exception as exc:  # Prefect stores the message and logs the traceback: never with a credential
+        safe = redacted(exc)
+        if safe is exc:
+            raise
+        raise safe from None
 
 
 def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvents | None = None) -> RunRecord:

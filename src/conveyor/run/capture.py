@@ -32,6 +32,8 @@ from typing import IO, TextIO, cast
 
 from rich.console import Console
 
+from conveyor.errors import redact
+
 LineSink = Callable[[str, str], None]  # (stream "out" | "err", line without newline)
 
 # The stage log of the running context, set by StageLog while a stage runs in this thread.
@@ -137,6 +139,7 @@ class RunLog:
         self._lock = threading.Lock()
 
     def __call__(self, stream: str, line: str) -> None:
+        line = redact(line)
         with self._lock:
             if not self._file.closed:
                 self._file.write(line + "\n")

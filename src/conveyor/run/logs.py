@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from conveyor.errors import UsageError
+from conveyor.errors import UsageError, redact
 from conveyor.run.capture import LineSink, current_sink
 from conveyor.workspace import state_dir
 
@@ -27,11 +27,27 @@ from conveyor.workspace import state_dir
 TASK_LOGGER = "prefect.task_runs"
 
 
+class Redacting(logging.Filter):
+    """Credentials in URLs out of every record (Prefect sends a task's records to its API)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        safe = redact(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+_REDACTING = Redacting()
+
+
 def stage_logger(stage: str) -> logging.Logger:
     """``ctx.log`` of ``stage``: logs at INFO and up even where nothing configured logging."""
     logger = logging.getLogger(f"{TASK_LOGGER}.{stage}")
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
+    if _REDACTING not in logger.filters:
+        logger.addFilter(_REDACTING)
     return logger
 
 
@@ -134,10 +150,11 @@ class StageLog:
     def line(self, stream: str, text: str, note: str | None = None) -> None:
         """One line from ``stream`` (``out``, ``err`` or ``log``): into the file, and to ``on_line``
         (``note``, if given, is what to show there: a record's message without its time)."""
+        text = redact(text)
         with self._lock:
             if self._file is not None:
                 self._file.write(text + "\n")  # stdout and stderr interleaved, as on a terminal
-        shown = (note if note is not None else text).strip()
+        shown = redact(note).strip() if note is not None else text.strip()
         if self.on_line is not None and shown:
             self.on_line(shown.splitlines()[0])
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor.errors import MissingOutputError, StageError
+from conveyor.errors import MissingOutputError, RedactedError, StageError, redact
 from conveyor.plan.fingerprint import Record
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
@@ -215,8 +215,8 @@ def current_client(client: Any) -> Iterator[None]:
 def failure_detail(exc: BaseException, root: Path) -> str:
     """What to show under a failed stage: a command's last lines of stderr, or the task's own frames."""
     if isinstance(exc, CommandFailed):
-        return "\n".join(f"  {line}" for line in exc.tail)
-    return user_frames(exc, root)
+        return redact("\n".join(f"  {line}" for line in exc.tail))
+    return redact(user_frames(exc, root))
 
 
 def user_frames(exc: BaseException, root: Path) -> str:
@@ -226,8 +226,25 @@ def user_frames(exc: BaseException, root: Path) -> str:
 
 
 def short_error(exc: BaseException) -> str:
+    """The error's type and first line, credentials in URLs redacted."""
+    if isinstance(exc, RedactedError):
+        return str(exc)
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return redact(f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
+
+
+def redacted(exc: Exception) -> Exception:
+    """``exc``, or a :class:`RedactedError` with its redacted message when it, or an exception
+    it was raised from, names a credential (in its message, its repr or its arguments)."""
+    chain: BaseException | None = exc
+    seen: set[int] = set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        text = f"{chain!s} {chain!r}"
+        if redact(text) != text:
+            return RedactedError(short_error(exc))
+        chain = chain.__cause__ or chain.__context__
+    return exc
 
 
 class _QuietEvents:
