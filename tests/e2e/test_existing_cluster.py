@@ -22,10 +22,10 @@ def dask_cluster(reference_project: Project) -> Iterator[str]:
     address = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(reference_project.root)}  # workers import the project's tasks
     procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", ":0"], cwd=reference_project.root, env=env,
+                               "--dashboard-address", "127.0.0.1:0"], cwd=reference_project.root, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
     procs += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--memory-limit", "2GiB",
-                                "--host", "127.0.0.1", "--dashboard-address", ":0", "--name", f"w{i}"],
+                                "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0", "--name", f"w{i}"],
                                cwd=reference_project.root, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True) for i in range(2)]
     try:

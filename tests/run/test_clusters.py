@@ -69,7 +69,7 @@ def test_tls_scheduler_with_security_files(tmp_path: Path) -> None:
                         tls_worker_cert=str(cert), tls_worker_key=str(key), tls_client_cert=str(cert),
                         tls_client_key=str(key), require_encryption=True)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tls://", host="127.0.0.1",
-                      security=security, dashboard_address=":0") as cluster:
+                      security=security, dashboard_address="127.0.0.1:0") as cluster:
         assert cluster.scheduler_address.startswith("tls://")
         pipeline = Pipeline.model_validate({
             "pipeline": "tls", "stages": {"a": {"task": "tasks.x:y", "on": "remote"}},

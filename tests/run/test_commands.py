@@ -158,7 +158,7 @@ def test_a_command_dies_with_a_runner_killed_by_sigkill(tmp_path: Path) -> None:
 def worker_client() -> Iterator[Client]:
     """One worker process, as a dask-cuda worker would be (it sees GPUs 2 and 3, its own first)."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=":0", env={"CUDA_VISIBLE_DEVICES": "2,3"}) as cluster, \
+                      dashboard_address="127.0.0.1:0", env={"CUDA_VISIBLE_DEVICES": "2,3"}) as cluster, \
             Client(cluster, set_as_default=False) as client:
         yield client
 

@@ -112,7 +112,7 @@ def test_dask_profile_with_an_address_uses_that_cluster_and_leaves_it_running() 
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
-                      dashboard_address=":0") as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         remote = DaskProfile(kind="dask", address=cluster.scheduler_address)
         with Profiles({"remote": remote}) as profiles:
             resources = profiles.get("remote")

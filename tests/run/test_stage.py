@@ -19,8 +19,8 @@ def test_concurrent_stages_each_use_their_client_and_leave_dask_config_alone() -
     before = dask.config.get("scheduler", None)
     entered, a_done = threading.Barrier(2, timeout=30), threading.Event()
     seen: dict[str, str] = {}
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as one, \
-            LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as two, \
+    with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as one, \
+            LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as two, \
             Client(one, set_as_default=False) as a, Client(two, set_as_default=False) as b:
 
         def stage(name: str, client: Client) -> None:

@@ -35,7 +35,7 @@ def new_cluster() -> LocalCluster:
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
-        dashboard_address=":0",
+        dashboard_address="127.0.0.1:0",
         scheduler_kwargs={"dashboard": False},
     )
 

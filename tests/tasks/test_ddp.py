@@ -170,7 +170,7 @@ def test_ddp_and_xgboost_at_once_on_the_same_one_thread_workers_both_finish(
 
 def test_ddp_needs_one_process_per_worker(data_bench: StageBench) -> None:
     with (
-        LocalCluster(n_workers=2, processes=False, dashboard_address=":0",
+        LocalCluster(n_workers=2, processes=False, dashboard_address="127.0.0.1:0",
                      scheduler_kwargs={"dashboard": False}) as cl,
         Client(cl, set_as_default=False) as threads,
         pytest.raises(collective.CollectiveError, match=r"^2 workers share 1 process\(es\); this job needs one"),

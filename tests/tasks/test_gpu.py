@@ -38,7 +38,7 @@ def cuda_client() -> Iterator[Client]:
     """The `gpu` profile: LocalCUDACluster as conveyor.run.profiles starts it, one worker per GPU."""
     dask_cuda = pytest.importorskip("dask_cuda")
     with (
-        dask_cuda.LocalCUDACluster(dashboard_address=":0", scheduler_kwargs={"dashboard": False}) as cluster,
+        dask_cuda.LocalCUDACluster(dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False}) as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
         client.wait_for_workers(GPUS, timeout=120)

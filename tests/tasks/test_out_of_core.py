@@ -41,7 +41,7 @@ def test_preprocess_three_times_the_cluster_memory(tmp_path: Path, monkeypatch: 
     bench = StageBench(tmp_path, {"seed": 3, "preprocess": {"label": "label", "valid_fraction": 0.1,
                                                              "test_fraction": 0.1}})
     with LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, processes=True, memory_limit=MEMORY_LIMIT,
-                      host="127.0.0.1", dashboard_address=":0", scheduler_kwargs={"dashboard": False},
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False},
                       local_directory=str(tmp_path / "spill")) as cluster, Client(cluster) as client:
         workers = set(client.scheduler_info(n_workers=-1)["workers"])
         bench.run(preprocess.prepare, params=["preprocess", "seed"], deps=["data/raw"], outs=["data/processed"],

@@ -109,7 +109,7 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
         return Resources(profile=name, client=client, n_workers=_n_workers(client))
     options: dict[str, Any] = {
         "n_workers": profile.n_workers, "threads_per_worker": profile.threads_per_worker,
-        "processes": profile.processes, "host": "127.0.0.1", "dashboard_address": ":0",
+        "processes": profile.processes, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
     }
     if profile.memory_limit is not None:
         options["memory_limit"] = profile.memory_limit
@@ -126,7 +126,7 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
     except ImportError as exc:
         raise ProfileError(f"profile '{name}' needs dask-cuda: pip install 'conveyor[gpu]' ({exc})") from exc
     options: dict[str, Any] = {"protocol": profile.protocol, "rmm_pool_size": profile.rmm_pool_size,
-                               "dashboard_address": ":0"}
+                               "dashboard_address": "127.0.0.1:0"}
     if profile.devices is not None:
         options["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, profile.devices))
     if profile.memory_limit is not None:

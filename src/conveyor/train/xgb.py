@@ -37,6 +37,7 @@ def train_xgboost(client: Client, params: Mapping[str, Any], train: dd.DataFrame
                   num_boost_round: int = 100, early_stopping_rounds: int | None = None) -> Trained:
     """Fit ``params`` (xgboost's own) on ``train``; evaluated and early-stopped on ``valid`` when given."""
     import xgboost as xgb
+    import xgboost.collective
     import xgboost.dask
 
     columns = list(features) if features is not None else [c for c in train.columns if c != label]
@@ -47,13 +48,26 @@ def train_xgboost(client: Client, params: Mapping[str, Any], train: dd.DataFrame
     if valid is not None:
         valid = pinned(client, valid[[*columns, label]], workers)
         evals = [(xgb.dask.DaskDMatrix(client, valid[columns], valid[label]), "valid")]
+    # the tracker binds the scheduler's host, not whatever address xgboost guesses for this machine
+    coll_cfg = xgb.collective.Config(tracker_host_ip=tracker_host(str(getattr(client.scheduler, "address", "") or "")))
     with collective_job(client):
         result = xgb.dask.train(client, dict(params), dtrain, num_boost_round=num_boost_round, evals=evals,
-                                early_stopping_rounds=early_stopping_rounds if evals else None, verbose_eval=False)
+                                early_stopping_rounds=early_stopping_rounds if evals else None, verbose_eval=False,
+                                coll_cfg=coll_cfg)
     booster, history = result["booster"], result["history"]
     rounds = len(next(iter(history["valid"].values()))) if evals else num_boost_round
     best = int(booster.best_iteration) if evals and early_stopping_rounds else rounds - 1
     return Trained(booster[: best + 1], best, rounds, history, len(workers))
+
+
+def tracker_host(scheduler_address: str) -> str:
+    """Where xgboost's tracker listens: the scheduler's host, which every worker reaches;
+    loopback for an in-process cluster (its address names no network at all)."""
+    from distributed.comm.addressing import get_address_host
+
+    if not scheduler_address or scheduler_address.startswith("inproc://"):
+        return "127.0.0.1"
+    return get_address_host(scheduler_address)
 
 
 def workers_in_rank_order(client: Client) -> list[str]:
@@ -111,7 +125,7 @@ def client_or_local(client: Client | None, *, n_workers: int = 2) -> Iterator[Cl
     with (
         # in-process workers (no sockets); no dashboard, and its HTTP server on a free port
         LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=False,
-                     dashboard_address=":0", scheduler_kwargs={"dashboard": False}) as cluster,
+                     dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False}) as cluster,
         Client(cluster, set_as_default=False) as own,
         current_client(own),
     ):
