@@ -11,7 +11,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from conveyor.errors import MissingOutputError
-from conveyor.run.stage import check_outs, current_client
+from conveyor.run.stage import check_outs, current_client, short_error
 
 
 def test_concurrent_stages_each_use_their_client_and_leave_dask_config_alone() -> None:
@@ -52,3 +52,20 @@ def test_a_declared_out_the_stage_did_not_write_is_named_with_where_it_was_expec
                                f"at {tmp_path / 'metrics/b.json'}), 'data/c' (expected at {tmp_path / 'data/c'})")
     with pytest.raises(MissingOutputError, match=r"did not write its declared out 'data/c' \(expected at "):
         check_outs(tmp_path, "train", ["data/c"])
+
+
+def test_a_stage_error_names_what_caused_it_and_what_a_cluster_lacks() -> None:
+    def deserialize() -> None:
+        try:
+            raise ModuleNotFoundError("No module named 'mypkg'")
+        except ModuleNotFoundError as exc:  # what distributed raises when a scheduler cannot unpickle a task
+            raise RuntimeError("Error during deserialization of the task graph. This frequently\noccurs if "
+                               "the Scheduler and Client have different environments.") from exc
+
+    with pytest.raises(RuntimeError) as info:
+        deserialize()
+    line = short_error(info.value)
+    assert line.startswith("RuntimeError: Error during deserialization of the task graph. This frequently "
+                           "(caused by ModuleNotFoundError: No module named 'mypkg'); the Dask scheduler or "
+                           "workers cannot import the project's code")
+    assert short_error(ValueError("bad\nsecond line")) == "ValueError: bad"

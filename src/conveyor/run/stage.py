@@ -229,8 +229,28 @@ def short_error(exc: BaseException) -> str:
     """The error's type and first line, credentials in URLs redacted."""
     if isinstance(exc, RedactedError):
         return str(exc)
+    line = _first_line(exc)
+    root = _root_cause(exc)
+    if root is not None:  # e.g. Dask's "Error during deserialization" over "No module named 'tasks'"
+        line += f" (caused by {_first_line(root)})"
+        if isinstance(root, ImportError) and "deserializ" in str(exc):
+            line += ("; the Dask scheduler or workers cannot import the project's code: install the project "
+                     "there, or run the stage on a local profile")
+    return redact(line)
+
+
+def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return redact(f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _root_cause(exc: BaseException) -> BaseException | None:
+    """The exception at the bottom of ``exc``'s explicit chain (``raise ... from``), if any."""
+    root, seen = exc.__cause__, {id(exc)}
+    while root is not None and root.__cause__ is not None and id(root) not in seen:
+        seen.add(id(root))
+        root = root.__cause__
+    return root
 
 
 def redacted(exc: Exception) -> Exception:
