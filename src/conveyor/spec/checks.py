@@ -7,6 +7,7 @@ collects them all and raises once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -17,10 +18,11 @@ from conveyor.errors import SpecIssue
 from conveyor.plan import dag
 from conveyor.spec.interpolate import dotted_keys
 from conveyor.spec.models import Stage, did_you_mean
-from conveyor.spec.sources import task_problem
+from conveyor.spec.sources import package_problem, task_problem
 from conveyor.spec.yamlmap import Key, LoadedYaml
 
 PATH_FIELDS = ("deps", "outs", "metrics")
+INTERNAL = {".git": "git", ".dvc": "DVC", ".conveyor": "conveyor"}  # directories no stage reads or writes
 
 
 def stages_of(raw: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -82,6 +84,10 @@ def check_references(doc: LoadedYaml, raw: Mapping[str, Any], params: Mapping[st
     packages = [str(p) for p in declared] if isinstance(declared, list) else ["tasks"]
     context = _References(doc, [name for name, _ in stages_of(raw)], list(dotted_keys(params)), profiles,
                        str(raw.get("params") or "params.yaml"), root, packages)
+    for i, package in enumerate(declared if isinstance(declared, list) else []):
+        problem = package_problem(str(package))
+        if problem:
+            context.issue(("task_packages", i), problem)
     for name, body in stages_of(raw):
         context.check_stage(name, body)
     for pname, body in profiles.items():
@@ -117,7 +123,7 @@ class _References:
                            f"{self.params_file}{did_you_mean(param, self.param_keys)}")
         for kind in PATH_FIELDS:
             for key, path in declared_paths(body, kind):
-                problem = path_problem(path)
+                problem = path_problem(path) or link_problem(self.root, path)
                 if problem:
                     self.issue(("stages", name, kind, key), problem)
         self._check_runs(name, body)
@@ -131,7 +137,7 @@ class _References:
                 self.issue(("stages", name, "task"), problem)
         wdir = body.get("wdir")
         if isinstance(wdir, str) and body.get("cmd") is not None:
-            problem = path_problem(wdir)
+            problem = path_problem(wdir) or link_problem(self.root, wdir)
             if problem is None and not (self.root / wdir).is_dir():
                 problem = f"'{wdir}' is not a directory of the project (a cmd runs in it)"
             if problem:
@@ -157,8 +163,36 @@ def path_problem(path: str) -> str | None:
         return f"'{path}' is absolute: paths are relative to the project root"
     if ".." in pure.parts:
         return f"'{path}' leaves the project: paths must stay inside the project root"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return f"{path!r} holds a control character: name files with printable characters"
+    if pure.parts and pure.parts[0] in INTERNAL:
+        return f"'{path}' is inside {pure.parts[0]}/, which belongs to {INTERNAL[pure.parts[0]]}, not to stages"
     if not path.strip() or path.strip() in (".", "./"):
         return f"'{path}' is the whole project: name a file or directory in it"
+    return None
+
+
+def link_problem(root: Path, path: str) -> str | None:
+    """Why ``path`` leaves the project through a symbolic link on the way to it, or None.
+
+    A link to a directory outside (``data/r/link -> /elsewhere``) would have a stage write
+    outside the project; a link at the end of the path to a file (DVC's cache links, with
+    ``cache.type: symlink``) is read, or replaced when the stage writes, so it may point anywhere.
+    """
+    inside = root.resolve()
+    here = root
+    parts = PurePosixPath(path).parts
+    for n, part in enumerate(parts, start=1):
+        here = here / part
+        if not here.is_symlink():
+            if not here.exists():
+                return None  # nothing more on disk to follow
+            continue
+        target = here.resolve()
+        if (n < len(parts) or target.is_dir()) and not target.is_relative_to(inside):
+            link = PurePosixPath(*parts[:n]).as_posix()
+            return (f"'{path}' leaves the project through the symbolic link '{link}' -> '{os.readlink(here)}': "
+                    "paths must stay inside the project root")
     return None
 
 

@@ -26,8 +26,9 @@ import yaml
 from pydantic import ValidationError
 
 from conveyor.errors import SpecError, SpecIssue
+from conveyor.spec.checks import link_problem
 from conveyor.spec.models import DvcPipeline, Pipeline, Stage, did_you_mean, parse_dvc_pipeline
-from conveyor.spec.yamlmap import LoadedYaml, load_yaml
+from conveyor.spec.yamlmap import Key, LoadedYaml, YamlRefused, load_yaml, yaml_issue
 
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
@@ -61,13 +62,16 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
 
     Raises :class:`SpecError` with every problem found: DVC's own complaints about the file
     (with their line), placement globs that match no stage, unknown profiles, and what
-    conveyor cannot honour (an out outside the repository).
+    conveyor cannot honour (an out outside the repository, or reached through a link leading out).
     """
     from conveyor.plan import dag
     from conveyor.spec.project import Project
 
     spec = parse_dvc_pipeline(placement) if placement is not None else DvcPipeline()
     written = _read(dvc_file)
+    refused = _refused_inputs(dvc_file, written) + _empty_groups(written)
+    if refused:
+        raise SpecError(refused)
     root, stages = _dvc_stages(dvc_file, written)
     issues: list[SpecIssue] = []
     converted: dict[str, Stage] = {}
@@ -84,7 +88,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
         converted, placed_issues = _placed(converted, spec, placement)
         issues += placed_issues
     if issues:
-        raise SpecError(issues)
+        raise SpecError(sorted(issues, key=lambda i: (str(i.file), i.line or 0)))
     graph = _graph(dvc_file, written, stages)
     pipeline = Pipeline(pipeline=spec.pipeline or root.name, profiles=spec.profiles, stages=converted)
     params_path = root / "params.yaml"
@@ -96,11 +100,75 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
 
 
 def _read(path: Path) -> LoadedYaml:
-    """dvc.yaml with the line of each key (for errors); DVC reports bad YAML itself."""
+    """dvc.yaml with the line of each key (for errors). DVC reports bad YAML itself; a document
+    conveyor refuses (a YAML bomb hangs DVC, deep nesting crashes ruamel's C composer) never reaches it."""
     try:
         return load_yaml(path)
+    except YamlRefused as exc:
+        raise SpecError([yaml_issue(path, exc)]) from None
     except (OSError, yaml.YAMLError):
         return LoadedYaml(path, None)
+
+
+def _refused_inputs(dvc_file: Path, written: LoadedYaml) -> list[SpecIssue]:
+    """The YAML files DVC reads for ``dvc_file`` (``vars`` and params files) that conveyor refuses
+    to read (:class:`YamlRefused`): checked before DVC parses them with no bound at all."""
+    issues: list[SpecIssue] = []
+    for path in _yaml_inputs(dvc_file, written):
+        try:
+            load_yaml(path)
+        except YamlRefused as exc:
+            issues.append(yaml_issue(path, exc))
+        except (OSError, yaml.YAMLError):
+            continue  # bad syntax: DVC names it where it reads the file
+    return issues
+
+
+def _yaml_inputs(dvc_file: Path, written: LoadedYaml) -> list[Path]:
+    """Files that DVC reads as YAML for ``dvc_file``: params.yaml beside it and in each stage's
+    wdir, ``vars`` files and the params files stages name (any but .toml, .json, .py is YAML to DVC)."""
+    base = dvc_file.parent
+    data = written.data if isinstance(written.data, dict) else {}
+    found = [base / "params.yaml", *_vars_files(base, data)]
+    stages = data.get("stages")
+    for body in stages.values() if isinstance(stages, dict) else ():
+        if not isinstance(body, dict):
+            continue
+        wdir = body.get("wdir")
+        here = base / wdir if isinstance(wdir, str) else base
+        found += [here / "params.yaml", *_vars_files(here, body)]
+        params = body.get("params")
+        for item in params if isinstance(params, list) else ():
+            found += [here / str(name) for name in item] if isinstance(item, dict) else []
+    return [path for path in dict.fromkeys(found) if "${" not in str(path)
+            and path.suffix.lower() not in (".toml", ".json", ".py") and path.exists()]
+
+
+def _empty_groups(written: LoadedYaml) -> list[SpecIssue]:
+    """A ``matrix`` or ``foreach`` with nothing to expand: DVC drops the stage without a word
+    (or, for ``matrix: {}``, fails an assertion), where conveyor names it."""
+    issues: list[SpecIssue] = []
+    stages = written.data.get("stages") if isinstance(written.data, dict) else None
+    for name, body in stages.items() if isinstance(stages, dict) else ():
+        matrix = body.get("matrix") if isinstance(body, dict) else None
+        foreach = body.get("foreach") if isinstance(body, dict) else None
+        empty: list[tuple[Key, str]] = []
+        if isinstance(matrix, dict):
+            empty += [(("stages", name, "matrix"), "an empty matrix: it expands to no stage")] if not matrix else \
+                [(("stages", name, "matrix", k), "an empty list: the matrix expands to no stage")
+                 for k, v in matrix.items() if v == []]
+        if foreach in ([], {}):
+            empty.append((("stages", name, "foreach"), "nothing to loop over: it expands to no stage"))
+        issues += [SpecIssue(written.path, written.line(key), ".".join(map(str, key)), message)
+                   for key, message in empty]
+    return issues
+
+
+def _vars_files(base: Path, body: Mapping[str, Any]) -> list[Path]:
+    """The files in ``body``'s ``vars`` (``file.yaml`` or ``file.yaml:key,...``)."""
+    listed = body.get("vars")
+    return [base / item.partition(":")[0] for item in listed if isinstance(item, str)] \
+        if isinstance(listed, list) else []
 
 
 def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, PipelineStage]]:
@@ -125,6 +193,10 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, Pi
             stages = {stage.name: stage for stage in loaded.stages.values()}
     except DvcException as exc:
         raise SpecError(_dvc_issues(dvc_file, written, exc)) from None
+    except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as exc:  # what DVC's schema let through
+        said = str(exc).rstrip(".") or type(exc).__name__
+        raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages",
+                                   f"DVC cannot load it: {said}; `dvc repro` fails on it too")]) from None
     if not stages:
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", "no stages to run")])
     return Path(repo.root_dir), stages
@@ -181,10 +253,16 @@ def _stage_body(root: Path, stage: PipelineStage) -> tuple[dict[str, Any], list[
             problems.append((kind, f"'{out.def_path}' lies outside the repository: conveyor keeps a failed "
                              "stage's outs intact only inside it; write it inside the project"))
             continue
+        linked = link_problem(root, _rel(root, out.fs_path))
+        if linked:  # DVC itself runs the command, writing outside, and only then refuses the out
+            problems.append((kind, linked))
+            continue
         item = {"path": _rel(root, out.fs_path), "persist": bool(out.persist)}
         (metrics if out.metric else outs).append(item)
     deps = [_rel(root, dep.fs_path) if dep.is_in_repo else dep.def_path
             for dep in stage.deps if not isinstance(dep, ParamsDependency)]
+    problems += [("deps", linked) for dep in stage.deps if not isinstance(dep, ParamsDependency) and dep.is_in_repo
+                 for linked in [link_problem(root, _rel(root, dep.fs_path))] if linked]
     commands = stage.cmd if isinstance(stage.cmd, list) else str(stage.cmd or "").splitlines()
     commands = [c for c in commands if c.strip()]
     if not commands:
@@ -192,9 +270,21 @@ def _stage_body(root: Path, stage: PipelineStage) -> tuple[dict[str, Any], list[
                          "are .dvc files, not stages)"))
         commands = ["true"]
     wdir = _rel(root, stage.wdir)
+    problems += [("wdir", problem) for problem in [_wdir_problem(root, wdir)] if problem]
     body = {"cmd": commands[0] if len(commands) == 1 else commands, "wdir": None if wdir == "." else wdir,
             "deps": deps, "outs": outs, "metrics": metrics, "desc": stage.desc}
     return body, problems
+
+
+def _wdir_problem(root: Path, wdir: str) -> str | None:
+    """Why a stage's ``wdir`` (relative to the root) cannot be where its command runs, or None."""
+    if wdir == ".":
+        return None
+    if wdir == ".." or wdir.startswith("../"):
+        return f"{os.path.normpath(root / wdir)} lies outside the repository ({root}): a command runs inside it"
+    if not (root / wdir).is_dir():
+        return f"'{wdir}' is not a directory of the project (the stage's command runs in it)"
+    return link_problem(root, wdir)
 
 
 def _rel(root: Path, path: str) -> str:

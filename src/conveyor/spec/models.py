@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Annotated, Any, Literal
@@ -174,6 +175,9 @@ def _named(name: str, body: Any, *, outs: bool) -> Any:
     raise ValueError(f"'{name}' must be a path" + (" or {path: ..., persist: true}" if outs else ""))
 
 
+# A duration: finite (``.inf`` would overflow the timers it is given to; no timeout is no key)
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Deps = Annotated[tuple[Declared, ...], BeforeValidator(partial(_declared, outs=False))]
 Outs = Annotated[tuple[Declared, ...], BeforeValidator(partial(_declared, outs=True))]
 
@@ -195,8 +199,8 @@ class Stage(Model):
     out_items: Outs = Field(default=(), alias="outs")
     metric_items: Outs = Field(default=(), alias="metrics")
     retries: Annotated[int, Field(ge=0)] = 0
-    retry_delay_s: Annotated[float, Field(ge=0)] = 0.0
-    timeout_s: Annotated[float, Field(gt=0)] | None = None
+    retry_delay_s: Seconds = 0.0
+    timeout_s: PositiveSeconds | None = None
     desc: str | None = None
 
     @field_validator("task")
@@ -292,8 +296,8 @@ class Placement(Model):
 
     on: str | None = None
     retries: Annotated[int, Field(ge=0)] | None = None
-    retry_delay_s: Annotated[float, Field(ge=0)] | None = None
-    timeout_s: Annotated[float, Field(gt=0)] | None = None
+    retry_delay_s: Seconds | None = None
+    timeout_s: PositiveSeconds | None = None
 
 
 class DvcPipeline(Model):
@@ -322,10 +326,11 @@ def parse_pipeline(doc: LoadedYaml) -> Pipeline:
     """Validate the structure of a loaded spec; every problem is reported at once."""
     if not isinstance(doc.data, dict):
         raise SpecError([SpecIssue(doc.path, 1, "", "a spec is a mapping with 'pipeline' and 'stages'")])
+    stages = doc.data.get("stages")
     issues = [
         SpecIssue(doc.path, doc.line(("stages", name)), f"stages.{name}",
                   "a stage name starts with a letter and holds only letters, digits, _ and -")
-        for name in (doc.data.get("stages") or {})
+        for name in (stages if isinstance(stages, dict) else {})
         if not NAME.match(str(name))
     ]
     try:
@@ -365,7 +370,15 @@ def _issue(doc: LoadedYaml, err: dict[str, Any]) -> SpecIssue:
         return SpecIssue(doc.path, line, key, "is required")
     if kind == "value_error":
         return SpecIssue(doc.path, line, key, str(err["msg"]).removeprefix("Value error, "))
-    return SpecIssue(doc.path, line, key, f"{err['msg']} (got {err.get('input')!r})")
+    return SpecIssue(doc.path, line, key, f"{err['msg']} (got {_PREVIEW.repr(err.get('input'))})")
+
+
+# What a message shows of a wrong value: all of a small one, the start of a big one (a list of
+# 50,000 items, a string of a megabyte) so that each problem stays one readable line.
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxstring = _PREVIEW.maxother = 80
+_PREVIEW.maxlist = _PREVIEW.maxtuple = _PREVIEW.maxset = 8
+_PREVIEW.maxdict = 4
 
 
 def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[str | int, ...]:

@@ -19,12 +19,12 @@ import yaml
 
 from conveyor.errors import SpecError, SpecIssue, UsageError
 from conveyor.plan import dag
-from conveyor.spec.checks import check_graph, check_references, stages_of, valid_stages
+from conveyor.spec.checks import check_graph, check_references, link_problem, path_problem, stages_of, valid_stages
 from conveyor.spec.dvcyaml import DvcSource, is_placement, load_dvc_project
 from conveyor.spec.interpolate import interpolate_stage, lookup
 from conveyor.spec.models import Pipeline, did_you_mean, parse_pipeline
 from conveyor.spec.sources import local_sources
-from conveyor.spec.yamlmap import LoadedYaml, load_yaml
+from conveyor.spec.yamlmap import LoadedYaml, load_yaml, yaml_issue
 
 DEFAULT_SPEC = Path("configs/pipeline.yaml")
 DVC_FILE = "dvc.yaml"
@@ -140,6 +140,8 @@ def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
                              "(pass -c FILE, or make one with `conveyor init`)")
         return found[0].resolve()
     path = cwd / spec
+    if path.is_dir():
+        raise UsageError(f"spec file {path} is a directory (pass -c FILE: a spec or a dvc.yaml)")
     if not path.is_file():
         raise UsageError(f"spec file {path} not found (pass -c FILE)")
     return path.resolve()
@@ -171,8 +173,7 @@ def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
                                        f"{target} not found next to the spec or at the project root ({root})")])
         return load_dvc_project(dvc_file.resolve(), written)
     raw = written.data if isinstance(written.data, dict) else {}
-    params_path = root / str(raw.get("params") or "params.yaml")
-    params, issues = _load_params(params_path, written, raw)
+    params_path, params, issues = _params_of(root, written, raw)
     doc, interpolation_issues = _interpolated(written, params)
     issues += interpolation_issues
     raw = doc.data if isinstance(doc.data, dict) else {}
@@ -213,10 +214,17 @@ def _load(path: Path) -> LoadedYaml:
     try:
         return load_yaml(path)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([SpecIssue(path, line, "", f"not valid YAML: {problem}")]) from None
+        raise SpecError([yaml_issue(path, exc)]) from None
+
+
+def _params_of(root: Path, doc: LoadedYaml, raw: Mapping[str, Any]) -> tuple[Path, dict[str, Any], list[SpecIssue]]:
+    """The spec's params file, its data, and the problems found; a path leaving the project is never read."""
+    name = raw.get("params")
+    name = name if isinstance(name, str) and name else "params.yaml"
+    problem = path_problem(name) or link_problem(root, name)
+    if problem:
+        return root / name, {}, [SpecIssue(doc.path, doc.line(("params",)), "params", problem)]
+    return root / name, *_load_params(root / name, doc, raw)
 
 
 def _load_params(path: Path, doc: LoadedYaml, raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[SpecIssue]]:
@@ -226,6 +234,9 @@ def _load_params(path: Path, doc: LoadedYaml, raw: Mapping[str, Any]) -> tuple[d
             return {}, [SpecIssue(doc.path, doc.line(("params",)), "params",
                                   f"params file {path} not found; create it or fix 'params:'")]
         return {}, []
+    if path.is_dir():
+        return {}, [SpecIssue(doc.path, doc.line(("params",)), "params",
+                              f"{path} is a directory: name the params file (a YAML mapping) in it")]
     try:
         data = _load(path).data
     except SpecError as exc:

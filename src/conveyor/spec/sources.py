@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import importlib.util
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,11 +42,24 @@ def in_packages(module: str, packages: Sequence[str]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
+def package_problem(package: str) -> str | None:
+    """Why ``package`` cannot hold tasks, or None: Python's standard library (``shutil``,
+    ``os``) is not stage code, and a project package of that name would be shadowed by it."""
+    top = package.partition(".")[0]
+    if top in sys.stdlib_module_names:
+        return (f"'{top}' is a module of Python's standard library: a task comes from the project's own "
+                "packages or an installed package, named in task_packages")
+    return None
+
+
 def task_problem(root: Path, task: str, packages: Sequence[str]) -> str | None:
     """Why ``module:function`` is not a task of this project, or None when it is one."""
     module, _, function = task.partition(":")
     if not in_packages(module, packages):
         return f"task '{task}' is outside task_packages ({', '.join(packages)}); move it or add its package"
+    stdlib = package_problem(module)
+    if stdlib:
+        return f"task '{task}': {stdlib}"
     path = module_file(root, module)
     if path is None:
         return f"unknown task '{task}': module '{module}' not found under {root}"

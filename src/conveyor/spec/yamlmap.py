@@ -1,7 +1,13 @@
-"""YAML loading that remembers where each key was written.
+"""YAML loading that remembers where each key was written, and refuses hostile documents.
 
 Errors in a spec must name ``file:line key.path``; PyYAML's composer keeps the marks,
 so we walk the node tree once and record the line of every key path.
+
+A spec or params file may come from anywhere, so reading one is bounded: its size, how deep
+it nests (libyaml's own composer recurses in C and crashes the process past ~50,000 levels)
+and how far its aliases expand (a "billion laughs" document is a few hundred bytes that
+expand to 9^9 nodes). Past a bound the document is refused with a :class:`YamlRefused`
+naming the line, before any of it is walked; tags are only the safe ones (no ``!!python/``).
 """
 
 from __future__ import annotations
@@ -10,20 +16,115 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+from yaml.composer import Composer
+
+from conveyor.errors import SpecIssue
 
 Key = tuple[str | int, ...]
 
+# Bounds on one spec or params file: far above what configuration needs (the reference project's
+# spec and params: 2 KiB and under 150 values each), low enough that a document at a bound is
+# refused in about half a second.
+MAX_BYTES = 2 * 2**20
+MAX_DEPTH = 100  # levels of nested mappings and lists
+MAX_NODES = 50_000  # values of the document (keys, scalars, lists, mappings), every alias expanded
+
+
+class YamlRefused(yaml.MarkedYAMLError):
+    """A document conveyor does not read: too big (:data:`MAX_BYTES`, :data:`MAX_NODES`, aliases
+    expanded), not UTF-8, not a file, nested too deep, or with a tag that would build an object
+    (``!!python/object``). ``problem`` says which; ``key`` is the key path where, if known."""
+
+    def __init__(self, problem: str, mark: Any = None, key: str = "") -> None:  # PyYAML's Mark or libyaml's
+        super().__init__(problem=problem, problem_mark=mark)
+        self.key = key
+
+
+class _BoundedComposer(Composer):
+    """PyYAML's composer with bounds on nesting and on the number of nodes, placed before the
+    parser in a loader's bases so that it, not libyaml's recursive C composer, builds the nodes.
+
+    Each node's expanded size (itself and everything under it, aliases followed) is known
+    once it is composed; an alias adds its node's size to the document's count, so the count
+    is the size of the document as the code reading it sees it.
+    """
+
+    if TYPE_CHECKING:  # the parser a loader is built with gives these
+        def check_event(self, *choices: type[yaml.Event]) -> bool: ...
+        def peek_event(self) -> Any: ...  # PyYAML's events, or libyaml's
+
+    def __init__(self) -> None:
+        Composer.__init__(self)  # not super(): in a loader's bases, the next __init__ wants a stream
+        self._keys: list[str | int] = []  # key path of the node being composed
+        self._count = 0
+        self._sizes: dict[yaml.Node, int] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            return self._alias(parent, index)
+        event = self.peek_event()
+        if len(self._keys) >= MAX_DEPTH:
+            raise YamlRefused(f"nested more than {MAX_DEPTH} levels deep: flatten it",
+                              event.start_mark, self._key(index))
+        self._count += 1
+        if self._count > MAX_NODES:
+            raise YamlRefused(f"holds more than {MAX_NODES:,} values: a file this big is data, not "
+                              "configuration; keep data in files that stages read", event.start_mark,
+                              self._key(index))
+        self._keys.append(_segment(index))
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._keys.pop()
+        if node is None:
+            return None
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) \
+            else node.value if isinstance(node, yaml.SequenceNode) else []
+        self._sizes[node] = 1 + sum(self._sizes[child] for child in children)
+        return node
+
+    def _alias(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        target = self.anchors.get(event.anchor)
+        if target is not None:  # an undefined alias is PyYAML's error, with its own message
+            size = self._sizes.get(target)
+            if size is None:
+                raise YamlRefused(f"alias '*{event.anchor}' lies inside the node it names: a structure that "
+                                  "contains itself", event.start_mark, self._key(index))
+            self._count += size
+            if self._count > MAX_NODES:
+                raise YamlRefused(f"aliases expand the document past {MAX_NODES:,} values (at '*{event.anchor}'"
+                                  "): a YAML bomb, or anchors to write out in full", event.start_mark,
+                                  self._key(index))
+        return super().compose_node(parent, index)
+
+    def _key(self, index: Any) -> str:
+        """The key path of the node at ``index`` of the node being composed (elided past 8 keys)."""
+        keys = [str(k) for k in [*self._keys, _segment(index)] if k != ""]
+        return ".".join(keys if len(keys) <= 8 else [*keys[:6], "..."])
+
+
+def _segment(index: Any) -> str | int:
+    """The key a node has in its parent: its index in a list, its key in a mapping ("" for a key itself)."""
+    if isinstance(index, int):
+        return index
+    return str(index.value) if isinstance(index, yaml.ScalarNode) else ""
+
 
 def _yaml12(base: Any) -> Any:
-    """``base`` with YAML 1.2 booleans: only true/false are booleans.
+    """``base`` with YAML 1.2 booleans (only true/false are booleans) and the bounded composer.
 
     YAML 1.1 also reads on/off/yes/no as booleans, which would turn a stage's ``on:``
     key into ``True``. DVC reads YAML 1.2 too, so params mean the same to both.
     """
-    loader: Any = type(f"Yaml12{base.__name__}", (base,), {})
+    def __init__(self: Any, stream: str) -> None:
+        base.__init__(self, stream)
+        _BoundedComposer.__init__(self)
+
+    loader: Any = type(f"Yaml12{base.__name__}", (_BoundedComposer, base), {"__init__": __init__})
     loader.yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.copy().items()
@@ -34,8 +135,8 @@ def _yaml12(base: Any) -> Any:
 
 
 Yaml12Loader: Any = _yaml12(yaml.SafeLoader)
-# libyaml's parser, several times faster; a document it refuses is parsed again by
-# PyYAML's, whose messages name the offending character
+# libyaml's parser (its events; the nodes are composed in Python, bounded), several times faster;
+# a document it refuses is parsed again by PyYAML's, whose messages name the offending character
 _FastLoader: Any = _yaml12(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
@@ -57,12 +158,56 @@ class LoadedYaml:
 
 
 def load_yaml(path: Path) -> LoadedYaml:
-    """Parse ``path``; raises ``yaml.YAMLError`` (with a mark) on bad syntax."""
-    text = path.read_text(encoding="utf-8")
+    """Parse ``path``; raises ``yaml.YAMLError`` (with a mark) on bad syntax, and its
+    subclass :class:`YamlRefused` for a document conveyor does not read at all."""
+    text = _read_text(path)
     try:
         return _load(path, text, _FastLoader)
+    except YamlRefused:
+        raise
     except yaml.YAMLError:
+        pass
+    try:
         return _load(path, text, Yaml12Loader)
+    except yaml.reader.ReaderError as exc:  # a control character: PyYAML gives its offset, not its line
+        line = text.count("\n", 0, exc.position)
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1)
+        character = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        raise yaml.MarkedYAMLError(problem=f"character {character} is not allowed in YAML ({exc.reason})",
+                                   problem_mark=yaml.Mark(str(path), exc.position, line, column, None, 0)
+                                   ) from None
+
+
+def yaml_issue(path: Path, exc: yaml.YAMLError) -> SpecIssue:
+    """What :func:`load_yaml` raised about ``path``, as the line a user reads: file, line, key, problem."""
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(exc, "problem", None) or str(exc)
+    if isinstance(exc, YamlRefused):
+        return SpecIssue(path, line, exc.key, problem)
+    return SpecIssue(path, line, "", f"not valid YAML: {problem}")
+
+
+def _read_text(path: Path) -> str:
+    """The text of ``path``: a regular file of at most :data:`MAX_BYTES`, in UTF-8."""
+    if not path.is_file():  # a directory, or a device or pipe that would never end
+        what = "a directory" if path.is_dir() else "not a regular file" if path.exists() else "not found"
+        raise YamlRefused(f"is {what}: expected a YAML file")
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise YamlRefused(f"cannot be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise YamlRefused(f"is larger than {MAX_BYTES // 2**20} MiB: a file this big is data, not "
+                          "configuration; keep data in files that stages read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start)
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1)
+        raise YamlRefused(f"is not UTF-8 text: byte 0x{data[exc.start]:02x} at column {column + 1}; "
+                          "save it as UTF-8", yaml.Mark(str(path), exc.start, line, column, None, 0)) from None
 
 
 def _load(path: Path, text: str, loader_class: Any) -> LoadedYaml:
@@ -74,10 +219,38 @@ def _load(path: Path, text: str, loader_class: Any) -> LoadedYaml:
         lines: dict[Key, int] = {}
         duplicates: list[tuple[Key, int]] = []
         _record_lines(node, (), lines, duplicates)
-        data = loader.construct_document(node)
+        try:
+            data = loader.construct_document(node)
+        except yaml.constructor.ConstructorError as exc:
+            raise _refused_tag(exc, node) from None
     finally:
         loader.dispose()
     return LoadedYaml(path=path, data=data, lines=lines, duplicates=tuple(duplicates))
+
+
+def _refused_tag(exc: yaml.constructor.ConstructorError, root: yaml.Node) -> yaml.YAMLError:
+    """A tag the safe loader has no constructor for (``!!python/object``, ``!custom``), as a refusal
+    naming its key; any other construction error as it is."""
+    found = re.search(r"constructor for the tag '([^']*)'", str(exc.problem))
+    if found is None:
+        return exc
+    tag = found.group(1).replace("tag:yaml.org,2002:", "!!")
+    return YamlRefused(f"tag '{tag}' is not allowed: conveyor reads plain YAML (mappings, lists, strings, numbers), "
+                       "never objects", exc.problem_mark, _key_at(root, exc.problem_mark))
+
+
+def _key_at(root: yaml.Node, mark: yaml.Mark | None) -> str:
+    """The key path of the node that starts at ``mark`` (the walk is bounded: aliases were counted)."""
+    todo: list[tuple[yaml.Node, Key]] = [(root, ())]
+    while todo:
+        node, key = todo.pop()
+        if node.start_mark is mark:
+            return ".".join(map(str, key))
+        if isinstance(node, yaml.MappingNode):
+            todo += [(v, (*key, str(k.value))) for k, v in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, (*key, i)) for i, item in enumerate(node.value)]
+    return ""
 
 
 def _record_lines(node: yaml.Node, key: Key, lines: dict[Key, int],
