@@ -414,3 +414,18 @@ def test_a_hostile_dvc_yaml_is_refused_before_dvc_reads_it(dvc_repo: Path, outsi
         line = f":{case.line}" if case.line is not None else ""
         refused(done, wall, f"{folder / case.file}{line} {case.key}:", expected(case, outside))
     assert list(outside.iterdir()) == []
+
+
+def test_a_metrics_file_or_prefect_yaml_that_is_a_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    """Files a run reads after the spec (a stage's metrics, prefect.yaml) are read with the same bounds."""
+    from conveyor.errors import DeployError
+    from conveyor.prefect.deploy import read_prefect_yaml
+    from conveyor.run.metrics import read_metrics
+
+    (tmp_path / "metrics.yaml").write_text(laughs() + "auc: 0.9\n")
+    (tmp_path / "prefect.yaml").write_text(laughs() + "deployments: []\n")
+    t0 = time.monotonic()
+    assert read_metrics(tmp_path / "metrics.yaml") == {}  # unreadable metrics: none, as for a missing file
+    with pytest.raises(DeployError, match="aliases expand the document"):
+        read_prefect_yaml(tmp_path)
+    assert time.monotonic() - t0 < 5

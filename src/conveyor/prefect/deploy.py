@@ -29,6 +29,7 @@ from conveyor.errors import ConveyorError, DeployError
 from conveyor.prefect.retrain import retrain_plan
 from conveyor.run.session import RunOptions, check_options
 from conveyor.spec.project import ensure_importable, load_project, resolve_spec
+from conveyor.spec.yamlmap import load_yaml
 
 PREFECT_FILE = "prefect.yaml"
 
@@ -59,7 +60,7 @@ def read_prefect_yaml(root: Path) -> list[DeploymentEntry]:
         raise DeployError(f"no {PREFECT_FILE} in {root}: conveyor deploys the deployments declared there "
                           "(copy the one in conveyor's repository and adapt its parameters)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path).data or {}
     except yaml.YAMLError as exc:
         raise DeployError(f"{path} is not valid YAML: {exc}") from exc
     items = data.get("deployments") if isinstance(data, dict) else None

@@ -15,17 +15,18 @@ from typing import Any
 
 import yaml
 
+from conveyor.spec.yamlmap import load_yaml
+
 
 def read_metrics(path: Path) -> dict[str, float]:
     """Numbers of one metrics file, by dotted key; empty when missing or unreadable."""
     try:
-        text = path.read_text(encoding="utf-8")
         if path.suffix == ".toml":
-            data: Any = tomllib.loads(text)
+            data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
         elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.safe_load(text)
+            data = json.loads(path.read_text(encoding="utf-8"))
+        else:  # bounded: a stage's output is read as carefully as a spec
+            data = load_yaml(path).data
     except (OSError, ValueError, yaml.YAMLError):
         return {}
     return dict(numbers(data))
