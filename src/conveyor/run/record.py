@@ -92,6 +92,9 @@ class RunRecord:
         self.wall_s = round(wall_s, 3)
         if interrupted or self.interrupted:
             self.status = INTERRUPTED
+            for stage in self.stages.values():
+                if stage.status == Outcome.NOT_RUN.value and not stage.reason:
+                    stage.reason = "the run was interrupted before it started"
         else:
             self.status = "failed" if self.failed or self.not_run else "succeeded"
         durations = {n: s.duration_s for n, s in self.stages.items()}
@@ -177,6 +180,8 @@ def settle_killed_run(root: Path) -> RunRecord | None:
         if stage.status == RUNNING:
             stage.status, stage.finished = INTERRUPTED, last_seen
             stage.error = "the run was killed while this stage ran: its previous outs were put back"
+        elif stage.status == Outcome.NOT_RUN.value and not stage.reason:
+            stage.reason = "the run was killed before it started"
     run.status, run.finished = INTERRUPTED, last_seen
     run.wall_s = round((datetime.fromisoformat(last_seen) - datetime.fromisoformat(run.started)).total_seconds(), 3)
     run.write(root)
