@@ -30,25 +30,32 @@ def state_dir(root: Path) -> Path:
     return folder
 
 
-def replace_atomically(path: Path, text: str, scratch: Path | None = None) -> None:
+def replace_atomically(path: Path, text: str, scratch: Path | None = None, *, durable: bool = False) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: a reader (or a
     process killed mid-write) sees the old content or the new, never a part.
 
     ``scratch``: where the temporary file goes (default: beside ``path``), e.g. ``.conveyor/``
     for a file in the user's tree, where a kill -9 would otherwise leave it in plain sight.
     It must be on the same file system; where it is not, the file goes beside ``path``.
+    ``durable``: the text is on disk (fsync) before the rename, so it survives a power loss too.
     """
     folder = scratch if scratch is not None else path.parent
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
     try:
         tmp.write_text(text, encoding="utf-8")
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         try:
             os.replace(tmp, path)
         except OSError as exc:
             if exc.errno != errno.EXDEV or scratch is None:
                 raise
-            replace_atomically(path, text)
+            replace_atomically(path, text, durable=durable)
     finally:
         tmp.unlink(missing_ok=True)
 

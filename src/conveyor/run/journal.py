@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from conveyor.workspace import STATE_DIR, state_dir
+from conveyor.workspace import STATE_DIR, replace_atomically, state_dir
 
 MANIFEST = "manifest.json"
 LOCK = "lock"
@@ -164,7 +164,7 @@ class Journal:
         kept = [Kept(path, (self.root / path).exists() or (self.root / path).is_symlink(), path in persist, str(i))
                 for i, path in enumerate(outs)]
         manifest = {"stage": stage, "pid": os.getpid(), "outs": [k.to_dict() for k in kept]}
-        _write_atomically(draft / MANIFEST, json.dumps(manifest, indent=1))
+        replace_atomically(draft / MANIFEST, json.dumps(manifest, indent=1), durable=True)
         folder = self.folder / name
         os.replace(draft, folder)
         return Entry(self.root, folder, stage, kept, lock)
@@ -227,12 +227,3 @@ def _remove_stale_draft(folder: Path, age_s: float = 60.0) -> None:
 
 def _safe(stage: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in stage)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
