@@ -244,21 +244,15 @@ def _recover_outs(project: Project) -> None:
     """Put back the previous outs of stages whose run was killed (kill -9 leaves them to us),
     and record that run as interrupted, unless a run is going on."""
     from conveyor.errors import RunLockedError
-    from conveyor.run.journal import RECOVERED, Journal
-    from conveyor.run.record import settle_killed_run
-    from conveyor.run.session import KILLED
+    from conveyor.run.session import recover_killed
     from conveyor.workspace import run_lock
 
-    for stage in Journal(project.root).recover():
-        err.print(RECOVERED.format(stage=stage), style="yellow", highlight=False)
+    warn = partial(err.print, style="yellow", highlight=False)
     try:
         with run_lock(project.root):
-            killed = settle_killed_run(project.root)
-    except RunLockedError:
-        return  # a run is going on: its record is its own
-    if killed is not None:
-        err.print(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"),
-                  style="yellow", highlight=False)
+            recover_killed(project.root, warn)
+    except RunLockedError:  # a run is going on: its record is its own (its stages' entries stay locked)
+        recover_killed(project.root, warn, settle=False)
 
 
 class DagFormat(StrEnum):

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ProfileError
@@ -113,6 +114,19 @@ class RunSession:
         return self.record.reasons(stage)
 
 
+def recover_killed(root: Path, warn: Callable[[str], None], *, settle: bool = True) -> list[str]:
+    """What a killed run left behind: the previous outs of its stages put back and, with
+    ``settle`` (the caller holds the run lock), its record settled as interrupted. ``warn``
+    hears each; returns the stages whose outs were put back."""
+    recovered = Journal(root).recover()
+    for stage in recovered:
+        warn(RECOVERED.format(stage=stage))
+    killed = settle_killed_run(root) if settle else None
+    if killed is not None:
+        warn(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"))
+    return recovered
+
+
 @contextmanager
 def open_session(project: Project, options: RunOptions,
                  warn: Callable[[str], None] = lambda _line: None) -> Iterator[RunSession]:
@@ -127,12 +141,7 @@ def open_session(project: Project, options: RunOptions,
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)
     with run_lock(project.root), record.session():
-        recovered = Journal(project.root).recover()
-        for stage in recovered:
-            warn(RECOVERED.format(stage=stage))
-        killed = settle_killed_run(project.root)
-        if killed is not None:
-            warn(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"))
+        recovered = recover_killed(project.root, warn)
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:
             if stage not in selected:

@@ -23,7 +23,7 @@ from conveyor.errors import MissingOutputError, RedactedError, StageError, redac
 from conveyor.plan.fingerprint import Record
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
-from conveyor.run.journal import RECOVERED, Entry, Journal
+from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
@@ -291,9 +291,9 @@ def run_one(project: Project, stage: str) -> None:
     """
     from conveyor.dvc.compile import compiled_from
     from conveyor.dvc.record import open_record
+    from conveyor.run.session import recover_killed
 
-    for recovered in Journal(project.root).recover():
-        logging.getLogger("conveyor").warning(RECOVERED.format(stage=recovered))
+    recover_killed(project.root, logging.getLogger("conveyor").warning, settle=False)  # exec takes no run lock
     run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline,
                     stages={stage: StageRecord(reason="forced")})
     record = None if compiled_from(project) else open_record(project)
