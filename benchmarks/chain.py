@@ -44,13 +44,14 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.dvc_repro import _leftovers
 from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.noop import (
-    CLI_GOAL_S,
+from benchmarks.noop import CLI_GOAL_S
+from benchmarks.prefect_server import PrefectServer
+from benchmarks.projects import (
     chain_text,
     check_no_leftovers,
     check_record,
+    leftovers,
     make_repo,
     median,
     met,
@@ -62,7 +63,6 @@ from benchmarks.noop import (
     stage,
     timed_cli,
 )
-from benchmarks.prefect_server import PrefectServer
 
 NAME = "chain"
 DESCRIPTION = "50 trivial chained steps: conveyor run --force vs a plain loop, a bare Prefect flow, dvc repro -f"
@@ -285,7 +285,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         def cold_bare(size: int) -> float:
             seconds = bare(cold_env, size, "bare-flow-temporary-server")
-            bare_left.extend(_leftovers(home))
+            bare_left.extend(leftovers(home))
             return seconds
 
         def cold_conveyor(size: int) -> float:

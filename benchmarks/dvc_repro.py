@@ -28,16 +28,13 @@ embedded server each time, as it does when PREFECT_API_URL is unset.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +45,7 @@ import yaml
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
 from benchmarks.prefect_server import PrefectServer
+from benchmarks.projects import leftovers
 
 NAME = "dvc-repro"
 DESCRIPTION = "conveyor run vs dvc repro on the same hand-written dvc.yaml (4 independent branches)"
@@ -224,31 +222,6 @@ def _cold_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _leftovers(home: Path, grace_s: float = 10) -> list[int]:
-    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (an embedded
-    server that outlived it); they are ended (they are this benchmark's) so as not to load the next run."""
-    deadline = time.monotonic() + grace_s
-    while (found := _with_env(home)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return found
-
-
-def _with_env(home: Path) -> list[int]:
-    marker = f"PREFECT_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def run(config: Config, log: Callable[[str], None]) -> Result:
     sleep_s = 1.0 if config.quick else 3.0
     repeats = config.reps(full=5, quick=2)
@@ -272,7 +245,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         def cold(_i: int) -> Outcome:
             outcome = twins.run("conveyor-cold", conveyor, _cold_env(cold_home))
-            left = _leftovers(cold_home)
+            left = leftovers(cold_home)
             check(not left, f"conveyor run left processes of its embedded Prefect server running 10 s after it "
                             f"exited (pids {left}, killed)")
             return outcome

@@ -32,24 +32,36 @@ and `conveyor validate` (in the reference copy) under 0.5 s each, reported again
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from benchmarks.dvc_repro import _leftovers
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
+from benchmarks.projects import (
+    base_env,
+    chain_text,
+    check_no_leftovers,
+    check_record,
+    cli,
+    commit,
+    make_repo,
+    median,
+    met,
+    no_server_env,
+    out,
+    per_stage_ms,
+    run_record,
+    server_env,
+    stage,
+    timed_cli,
+)
 
 NAME = "noop"
 DESCRIPTION = ("nothing to do: no-op conveyor run vs no-op dvc repro (a 51-stage chain, 1 stage, the reference "
@@ -58,114 +70,10 @@ UP_TO_DATE = "Data and pipelines are up to date."
 NOOP_GOAL = 1.5  # a no-op conveyor run at most this many times the no-op dvc repro
 SKIP_GOAL_MS = 2.0  # per skipped stage
 CLI_GOAL_S = 0.5  # conveyor --help, conveyor validate
-TIMEOUT_S = 600  # any one command
 FIRST_RUN_TIMEOUT_S = 1800  # the reference project's first (training) run
 
 
 # --- shared with benchmarks.chain -------------------------------------------------------
-
-
-def stage(k: int) -> str:
-    return f"s{k:02d}"
-
-
-def out(k: int) -> str:
-    return f"out/{stage(k)}.txt"
-
-
-def chain_text(k: int) -> str:
-    """What ``out/s<k>.txt`` holds on every side: the name of every stage up to ``k``, one a line."""
-    return "".join(f"{stage(j)}\n" for j in range(k + 1))
-
-
-def base_env() -> dict[str, str]:
-    """This environment, with this interpreter's bin folder (conveyor, dvc, python) first on PATH."""
-    bindir = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
-            "COLUMNS": "160"}
-
-
-def no_server_env(home: Path) -> dict[str, str]:
-    """PREFECT_API_URL unset, a temporary PREFECT_HOME: no server unless the command starts one."""
-    env = {**base_env(), "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    return env
-
-
-def server_env(server: PrefectServer) -> dict[str, str]:
-    """Pointed at the benchmark's own `prefect server start` (its temporary PREFECT_HOME)."""
-    return {**base_env(), **{k: v for k, v in server.env.items() if k.startswith("PREFECT_")}}
-
-
-def cli(args: Sequence[str], cwd: Path, env: Mapping[str, str],
-        timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """Run a command to completion; CheckFailed unless it exits 0."""
-    proc = subprocess.run(list(args), cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout)
-    check(proc.returncode == 0, f"`{' '.join(args)}` in {cwd.name} exited {proc.returncode}:\n"
-                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def timed_cli(args: Sequence[str], cwd: Path, env: Mapping[str, str],
-              timeout: float = TIMEOUT_S) -> tuple[float, subprocess.CompletedProcess[str]]:
-    """Seconds the command took (wall, from the parent), checked to exit 0."""
-    return timed(lambda: cli(args, cwd, env, timeout))
-
-
-def make_repo(root: Path, files: Mapping[str, str], *, dvc: bool) -> None:
-    """A new git repository holding ``files`` (and DVC, with ``dvc``), everything in one commit."""
-    root.mkdir(parents=True)
-    env = base_env()
-    cli(["git", "init", "-q"], root, env)
-    if dvc:
-        cli(["dvc", "init", "-q"], root, env)
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    commit(root, "benchmark project")
-
-
-def commit(root: Path, message: str) -> None:
-    env = base_env()
-    cli(["git", "add", "-A"], root, env)
-    cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", message], root, env)
-
-
-def run_record(root: Path) -> dict[str, Any]:
-    """conveyor's record of its last run in ``root`` (``.conveyor/runs/latest.json``)."""
-    path = root / ".conveyor/runs/latest.json"
-    check(path.is_file(), f"{root.name}: conveyor wrote no run record ({path.relative_to(root)})")
-    record: dict[str, Any] = json.loads(path.read_text())
-    return record
-
-
-def check_record(record: Mapping[str, Any], stages: Sequence[str], status: str, what: str) -> None:
-    """The record lists exactly ``stages``, each with ``status``, and the run succeeded."""
-    got = {name: (s.get("status"), s.get("reason")) for name, s in record.get("stages", {}).items()}
-    check(record.get("status") == "succeeded" and sorted(got) == sorted(stages)
-          and all(st == status for st, _ in got.values()),
-          f"{what}: the run record does not say every one of the {len(stages)} stages {status}: "
-          f"run {record.get('status')}, stages {got}")
-
-
-def check_no_leftovers(home: Path, what: str) -> None:
-    """No process with ``PREFECT_HOME=home`` outlived the command by 10 s (any found are killed)."""
-    left = _leftovers(home)
-    check(not left, f"{what} left processes running 10 s after it exited (pids {left}, killed)")
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def per_stage_ms(big: Sequence[float], small: Sequence[float], extra_stages: int) -> list[float]:
-    """Per repetition: (T(many stages) - T(one stage)) / extra stages, in ms."""
-    return [(b - s) / extra_stages * 1000 for b, s in zip(big, small, strict=True)]
-
-
-def met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
 
 
 # --- the projects -----------------------------------------------------------------------

@@ -62,9 +62,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from benchmarks.dvc_repro import _with_env
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
+from benchmarks.projects import with_prefect_home
 
 NAME = "reference"
 DESCRIPTION = "conveyor run --force of the reference pipeline vs the same work as one plain script"
@@ -340,7 +340,7 @@ def _cold_env(home: Path) -> dict[str, str]:
 def _server_rss_mib(server: PrefectServer) -> float:
     """RSS of the shared server's processes now (between runs: no client shares its PREFECT_HOME)."""
     total = 0
-    for pid in _with_env(server.home):
+    for pid in with_prefect_home(server.home):
         with contextlib.suppress(OSError, ValueError):
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
     return total / MIB
@@ -371,7 +371,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         def cold(_i: int) -> Outcome:
             outcome = runs.conveyor(_cold_env(cold_home), "conveyor-cold")
-            left = _with_env(cold_home)
+            left = with_prefect_home(cold_home)
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
