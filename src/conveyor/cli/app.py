@@ -7,19 +7,17 @@ print as one clear message, never a traceback. Prefect is imported only by ``run
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 from enum import StrEnum
 from functools import partial
 from importlib.metadata import version as installed_version
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
+from conveyor.cli import signals
 from conveyor.errors import ConveyorError, Interrupted, UsageError
 from conveyor.plan import dag
 from conveyor.spec.project import Project, load_project, resolve_spec
@@ -140,31 +138,10 @@ def run(
             else:
                 record = _run_flow(project, session, run_id, verbose)
     except KeyboardInterrupt as exc:
-        _interrupted_run(project, run_id, exc)
+        signals.interrupted_run(err, project, run_id, exc)
     err.print(summary(record, project, resume_command(project, record)))
     if record.status != "succeeded":
         raise typer.Exit(1)
-
-
-def _interrupted_run(project: Project, run_id: str, exc: KeyboardInterrupt) -> NoReturn:
-    """Ctrl-C or SIGTERM during a run, once everything it started has stopped: what the run did
-    and what was stopped, then exit 130 (SIGINT) or 143 (SIGTERM)."""
-    import json
-
-    from conveyor.cli.view import summary
-    from conveyor.run.record import RunRecord, record_path
-
-    if isinstance(exc, Interrupted):
-        _SIGNAL[:] = [exc.signal_name]
-    path = record_path(project.root, run_id)
-    try:
-        record = RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):  # interrupted before the flow wrote its record
-        _stopped("before any stage started: nothing changed")
-    err.print(summary(record, project, f"conveyor run{project.spec_option}"))
-    stopped = record.interrupted
-    what = f"stopped {', '.join(stopped)} (previous outs kept)" if stopped else "no stage was running"
-    _stopped(f"{what}; clusters, workers and commands were stopped; record: {project.rel(path)}")
 
 
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
@@ -354,32 +331,9 @@ def serve(
     serve_all(find_root(Path.cwd()), limit=limit)
 
 
-_SIGNAL: list[str] = []  # the signal that stopped this command, once one has
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    _SIGNAL[:] = [signal.Signals(signum).name]
-    raise Interrupted(_SIGNAL[0])
-
-
-def _stopped(what: str = "clusters, workers and commands were stopped; outs of unfinished stages are "
-                         "unchanged") -> NoReturn:
-    """Say what Ctrl-C or SIGTERM stopped; exit 130 or 143 without waiting for threads: a stage
-    blocked in a C call was abandoned (its outs put back) and must not hold the process, and
-    servers and clusters have already stopped."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    name = _SIGNAL[0] if _SIGNAL else "SIGINT"
-    err.print(f"interrupted ({name}): {what}", highlight=False, soft_wrap=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(143 if name == "SIGTERM" else 130)
-
-
 def main() -> None:
     """Console entry point: one message and an exit code for every conveyor error."""
-    signal.signal(signal.SIGTERM, _interrupt)  # clean up clusters on `kill` as on Ctrl-C
-    signal.signal(signal.SIGINT, _interrupt)
+    signals.install()
     try:
         code = app(standalone_mode=False)  # click returns the code of typer.Exit here
     except ConveyorError as exc:
@@ -388,11 +342,11 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        _stopped()
+        signals.stopped(err)
     except typer.TyperException as exc:  # usage errors: since typer 0.29 (it vendors click) all derive from it
         _usage_error(exc)
-    if _SIGNAL and code == 130:  # typer turns KeyboardInterrupt into exit code 130
-        _stopped()
+    if signals.received() and code == 130:  # typer turns KeyboardInterrupt into exit code 130
+        signals.stopped(err)
     sys.exit(code if isinstance(code, int) else 0)
 
 
