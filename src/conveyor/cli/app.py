@@ -7,6 +7,7 @@ print as one clear message, never a traceback. Prefect is imported only by ``run
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from enum import StrEnum
 from functools import partial
@@ -338,16 +339,28 @@ def main() -> None:
         code = app(standalone_mode=False)  # click returns the code of typer.Exit here
     except ConveyorError as exc:
         print(str(exc), file=sys.stderr)  # one line per problem, never wrapped
-        sys.exit(exc.exit_code)
+        _exit(exc.exit_code)
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        _exit(exc.exit_code)
     except KeyboardInterrupt:
         signals.stopped(err)
     except typer.TyperException as exc:  # usage errors: since typer 0.29 (it vendors click) all derive from it
         _usage_error(exc)
     if signals.received() and code == 130:  # typer turns KeyboardInterrupt into exit code 130
         signals.stopped(err)
-    sys.exit(code if isinstance(code, int) else 0)
+    _exit(code if isinstance(code, int) else 0)
+
+
+def _exit(code: int) -> NoReturn:
+    """Exit with ``code``; without waiting for the thread of a stage abandoned at its timeout
+    (blocked in a C call: its outs were put back and its record written)."""
+    from conveyor.run.watchdog import stuck
+
+    if stuck():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _usage_error(exc: typer.TyperException) -> NoReturn:

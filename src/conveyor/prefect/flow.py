@@ -35,6 +35,7 @@ from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, Stag
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
 from conveyor.run.stage import StageRunner, redacted, short_error
+from conveyor.run.watchdog import stuck
 from conveyor.spec.project import Project, load_project, resolve_spec
 
 log = logging.getLogger("conveyor")
@@ -43,12 +44,13 @@ LOCAL_STAGES = os.cpu_count() or 1
 
 
 class StageTaskRunner(ThreadPoolTaskRunner[Any]):
-    """Prefect's thread-pool task runner, except that a flow ending on an exception (Ctrl-C)
-    does not wait for its threads: a stage blocked in a C call would hold the run for as long
-    as the call lasts. conveyor has put back that stage's outs; the thread ends with the process."""
+    """Prefect's thread-pool task runner, except that a flow ending on an exception (Ctrl-C),
+    or with a stage abandoned at its timeout, does not wait for its threads: a stage blocked in
+    a C call would hold the run for as long as the call lasts. conveyor has put back that
+    stage's outs; the thread ends with the process."""
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        if exc_type is None or self._executor is None:
+        if (exc_type is None and not stuck()) or self._executor is None:
             super().__exit__(exc_type, exc_value, traceback)
             return
         for event in self._cancel_events.values():
@@ -92,6 +94,7 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
             view.console.print(f"[bold yellow]WARNING[/] {warning}")
         runner = StageRunner(project, profiles, options.force, run, view, session.record)
+        runner.on_abandon = finished.put  # abandoned at its timeout: its task run has not ended
 
         def start(stage: str) -> bool:
             """Submit ``stage`` as a task run if it is due; False when it is skipped (no task run)."""
@@ -108,10 +111,10 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
             record.status, record.reason = RUNNING, "; ".join(reasons)
             note(stage, record)
             spec = project.pipeline.stages[stage]
+            # timeout_s: the runner enforces it (a command's process group is killed; a task
+            # blocked in a C call is abandoned, which Prefect's own task timeout cannot do)
             prefect_task = task(name=stage, task_run_name=stage, retries=spec.retries,
                                 retry_delay_seconds=spec.retry_delay_s,
-                                # a command enforces its own timeout: it kills its process group
-                                timeout_seconds=spec.timeout_s if spec.task else None,
                                 cache_policy=NO_CACHE, persist_result=False)(_stage_task)
             began[stage] = time.monotonic()
             futures[stage] = prefect_task.submit(stage, runner)
@@ -129,7 +132,10 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
             start_ready()
             while not schedule.finished:
                 stage = finished.get()
-                outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view)
+                if stage not in schedule.running:  # abandoned at its timeout, and now its thread ended
+                    continue
+                outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view,
+                                  runner.abandoned(stage))
                 note(stage, run.stages[stage])
                 if outcome is Outcome.SUCCEEDED:
                     session.ran.add(stage)
@@ -176,9 +182,11 @@ def _stop(runner: StageRunner, running: set[str], futures: Mapping[str, Any], fi
         view.interrupted(stage, record.duration_s)
 
 
-def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunView) -> Outcome:
+def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunView,
+            abandoned: BaseException | None = None) -> Outcome:
+    """Record how ``stage`` ended: its task run's result, or why it was ``abandoned`` (still running)."""
     try:
-        result = future.result(raise_on_failure=False)
+        result = abandoned or future.result(raise_on_failure=False)
     except BaseException as exc:  # noqa: BLE001 - a crashed task run (interrupted) raises its exception here
         result = exc
     record = run.stages[stage]

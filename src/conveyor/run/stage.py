@@ -8,9 +8,9 @@ and recorded before the journal lets go of the previous ones.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import logging
+import os
 import sys
 import threading
 import traceback
@@ -28,6 +28,7 @@ from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome
+from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
 
 
@@ -76,9 +77,12 @@ class StageRunner:
         # the functions a task sends them live in the project's packages
         ensure_importable(project.root)
         self._mutex = threading.Lock()
-        self._threads: dict[str, int] = {}
+        self._threads: dict[str, threading.Thread] = {}
         self._entries: dict[str, Entry] = {}  # the journal entry of each running stage
-        self._abandoned: set[str] = set()
+        self._abandoned: dict[str, BaseException] = {}  # stage -> why it was given up on
+        # told when a stage is abandoned by its timeout (from the watchdog's thread): its own
+        # thread is still blocked, and the stage's end will not be heard otherwise
+        self.on_abandon: Callable[[str], None] | None = None
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -88,11 +92,18 @@ class StageRunner:
             record.started = record.started or now().isoformat()
         record.profile = self.profiles.resolve(spec.on) or "local"
         resources = self.profiles.get(spec.on)
+        with self._mutex:
+            given_up = self._abandoned.get(stage)
+        if given_up is not None:  # a retry of a stage abandoned by its timeout: the flow has moved on
+            raise given_up
         progress = StageProgress()
         self.view.started(stage, record.profile, progress)
-        self._threads[stage] = threading.get_ident()
+        self._threads[stage] = threading.current_thread()
         try:
-            self._attempt(stage, resources, progress, record.attempts)
+            try:
+                self._attempt(stage, resources, progress, record.attempts)
+            except TaskTimedOut:
+                raise TaskTimeout(stage, float(spec.timeout_s or 0)) from None
         except BaseException as exc:
             record.trace = failure_detail(exc, self.project.root)
             if record.attempts <= spec.retries:
@@ -109,21 +120,26 @@ class StageRunner:
         timeouts do; a task blocked inside a C call stops when that call returns. A command
         stage waits in short steps, so its process group is killed at once.
         """
-        stopped = []
-        for stage, ident in list(self._threads.items()):
-            if ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
-                                                          ctypes.py_object(KeyboardInterrupt)) == 1:
-                stopped.append(stage)
-        return stopped
+        return [stage for stage, thread in list(self._threads.items())
+                if thread.ident is not None and raise_in(thread.ident, KeyboardInterrupt)]
 
-    def abandon(self, stage: str) -> None:
-        """Give up on a running stage that did not stop when interrupted (blocked in a C call):
-        put its previous outs back now; it never records a success. Its thread ends with the process."""
+    def abandon(self, stage: str, why: BaseException | None = None) -> None:
+        """Give up on a running stage that did not stop (blocked in a C call) when interrupted or
+        at its timeout: put its previous outs back now; it never records a success, and the
+        process does not wait for its thread. ``why``: what a retry of it raises."""
         with self._mutex:
-            self._abandoned.add(stage)
+            self._abandoned[stage] = why or KeyboardInterrupt(f"{stage} was abandoned")
             entry = self._entries.get(stage)
+            thread = self._threads.get(stage)
+        if thread is not None:
+            abandoned(thread)
         if entry is not None:
             entry.restore()
+
+    def abandoned(self, stage: str) -> BaseException | None:
+        """Why ``stage`` was abandoned, if it was."""
+        with self._mutex:
+            return self._abandoned.get(stage)
 
     def _attempt(self, stage: str, resources: Resources, progress: StageProgress, attempt: int) -> None:
         spec = self.project.pipeline.stages[stage]
@@ -146,8 +162,9 @@ class StageRunner:
                     self._command(stage, resources, log)
                 check_outs(self.project.root, stage, spec.written)
                 with self._mutex:
-                    if stage in self._abandoned:  # it ended after all, too late: its outs went back
-                        raise KeyboardInterrupt(f"{stage} was abandoned")
+                    too_late = self._abandoned.get(stage)
+                if too_late is not None:  # it ended after all, too late: its outs went back
+                    raise too_late
                 if self.record is not None:
                     self.record.save(stage)
 
@@ -168,7 +185,15 @@ class StageRunner:
             client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
             devices=resources.devices, progress=progress,
         )
-        with current_client(resources.client) if resources.client is not None else nullcontext():
+        timeout = spec.timeout_s
+
+        def give_up() -> None:  # still blocked past the timeout: the flow hears it now
+            self.abandon(stage, TaskTimeout(stage, float(timeout or 0), abandoned=True))
+            if self.on_abandon is not None:
+                self.on_abandon(stage)
+
+        with current_client(resources.client) if resources.client is not None else nullcontext(), \
+                Watchdog(timeout, give_up) if timeout else nullcontext():
             fn(ctx)
 
     def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
@@ -301,4 +326,18 @@ def run_one(project: Project, stage: str) -> None:
             Profiles(project.pipeline.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[stage].on}):
             logging.getLogger("conveyor").warning("WARNING %s", warning)
-        StageRunner(project, profiles, True, run, _QuietEvents(), record, echo=_echo)(stage)
+        runner = StageRunner(project, profiles, True, run, _QuietEvents(), record, echo=_echo)
+        runner.on_abandon = _exit_abandoned(runner)
+        runner(stage)
+
+
+def _exit_abandoned(runner: StageRunner) -> Callable[[str], None]:
+    """``conveyor exec`` runs its stage in the main thread: when that stage is abandoned at its
+    timeout (its previous outs already put back), the process ends with its error, exit 1."""
+
+    def give_up(stage: str) -> None:
+        print(str(runner.abandoned(stage)), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+    return give_up
