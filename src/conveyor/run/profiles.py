@@ -39,6 +39,7 @@ class Resources:
     executor: Executor | None = None
     n_workers: int = 1
     devices: tuple[int, ...] = ()
+    memory_limit: str | None = None  # of each Dask worker, as the profile says it
 
 
 LOCAL = Resources(profile="local")
@@ -117,7 +118,7 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
         options["local_directory"] = profile.local_directory
     cluster = stack.enter_context(LocalCluster(**options))
     client = _client(cluster, stack)
-    return Resources(profile=name, client=client, n_workers=_n_workers(client))
+    return Resources(profile=name, client=client, n_workers=_n_workers(client), memory_limit=profile.memory_limit)
 
 
 def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> Resources:
@@ -134,7 +135,17 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
     cluster = stack.enter_context(LocalCUDACluster(**{k: v for k, v in options.items() if v is not None}))
     client = _client(cluster, stack)
     devices = profile.devices if profile.devices is not None else visible_gpus()
-    return Resources(profile=name, client=client, n_workers=_n_workers(client), devices=tuple(devices))
+    return Resources(profile=name, client=client, n_workers=_n_workers(client), devices=tuple(devices),
+                     memory_limit=profile.memory_limit)
+
+
+def workers_lacking(client: Client, package: str) -> list[str]:
+    """The workers of ``client``'s cluster that cannot find ``package`` (a worker that fails to
+    unpickle a task closes its connection, and Dask waits for workers that never come)."""
+    import importlib.util
+
+    found = client.run(importlib.util.find_spec, package, on_error="return")
+    return sorted(worker for worker, spec in found.items() if spec is None or isinstance(spec, BaseException))
 
 
 def slurm_cluster(name: str, profile: SlurmProfile) -> Any:

@@ -25,7 +25,7 @@ from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
-from conveyor.run.profiles import Profiles, Resources
+from conveyor.run.profiles import Profiles, Resources, workers_lacking
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
@@ -80,6 +80,7 @@ class StageRunner:
         self._threads: dict[str, threading.Thread] = {}
         self._entries: dict[str, Entry] = {}  # the journal entry of each running stage
         self._abandoned: dict[str, BaseException] = {}  # stage -> why it was given up on
+        self._importable: set[tuple[str, str]] = set()  # (profile, package) its workers can import
         # told when a stage is abandoned by its timeout (from the watchdog's thread): its own
         # thread is still blocked, and the stage's end will not be heard otherwise
         self.on_abandon: Callable[[str], None] | None = None
@@ -104,6 +105,10 @@ class StageRunner:
                 self._attempt(stage, resources, progress, record.attempts)
             except TaskTimedOut:
                 raise TaskTimeout(stage, float(spec.timeout_s or 0)) from None
+            except Exception as exc:
+                if type(exc).__name__ != "KilledWorker":  # distributed's, not imported here
+                    raise
+                raise StageError(stage, workers_died(exc, resources)) from None
         except BaseException as exc:
             record.trace = failure_detail(exc, self.project.root)
             if record.attempts <= spec.retries:
@@ -194,7 +199,25 @@ class StageRunner:
 
         with current_client(resources.client) if resources.client is not None else nullcontext(), \
                 Watchdog(timeout, give_up) if timeout else nullcontext():
+            if resources.client is not None:
+                self._check_workers(stage, resources)
             fn(ctx)
+
+    def _check_workers(self, stage: str, resources: Resources) -> None:
+        """The workers can import the task's package (what the task sends them lives there):
+        a worker that cannot unpickle a task drops out, and Dask would wait for it forever."""
+        package = self.project.pipeline.stages[stage].module.split(".")[0]
+        if (resources.profile, package) in self._importable or resources.client is None:
+            return
+        lacking = workers_lacking(resources.client, package)
+        if lacking:
+            shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+            raise StageError(stage, f"the Dask workers of profile '{resources.profile}' cannot import the project's "
+                                    f"package '{package}' ({shown}): the functions the task sends them live "
+                                    f"there. Install the project where the workers run (pip install -e . in "
+                                    f"their environment, or start them with PYTHONPATH={self.project.root}), "
+                                    "or run the stage on a profile conveyor starts")
+        self._importable.add((resources.profile, package))
 
     def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
         spec = self.project.pipeline.stages[stage]
@@ -235,6 +258,18 @@ def current_client(client: Any) -> Iterator[None]:
         yield
     finally:
         _current_client.reset(token)
+
+
+def workers_died(exc: BaseException, resources: Resources) -> str:
+    """Why a stage failed when Dask gave up on a task whose workers kept dying (KilledWorker)."""
+    args: tuple[Any, ...] = exc.args
+    task = f" {args[0]!r}" if args else ""
+    tried = f" on {args[2] + 1} workers in turn" if len(args) > 2 and isinstance(args[2], int) else ""
+    what = f"Dask workers of profile '{resources.profile}' died running its task{task}{tried} (KilledWorker)"
+    if resources.memory_limit is not None:
+        return (f"{what}; each worker may use {resources.memory_limit} (memory_limit), and a worker past 95% of "
+                "it is killed: raise memory_limit or make the partitions smaller")
+    return f"{what}; the workers' logs say why (memory, a crash in native code)"
 
 
 def failure_detail(exc: BaseException, root: Path) -> str:

@@ -1,0 +1,143 @@
+"""Dying Dask workers: killed mid-computation (Dask recomputes and the stage completes), past
+their ``memory_limit`` (the stage fails naming it), unable to import the project's package
+(the stage fails at once, instead of Dask waiting for workers that never come back)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from distributed import Client
+from distributed.utils import open_port
+from projects import Project
+from subprocs import stop_group
+
+pytestmark = pytest.mark.slow
+
+TASKS = """
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+
+    def square_dying_once(x, marker):
+        if x == 3:
+            try:  # the first worker to reach this item dies, as one killed by the OOM killer would
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+                os.kill(os.getpid(), signal.SIGKILL)
+            except FileExistsError:
+                pass
+        time.sleep(0.2)
+        return x * x
+
+
+    def survive(ctx):
+        marker = str(ctx.root / "killed-once")
+        futures = ctx.client.map(square_dying_once, range(8), marker=marker, pure=False)
+        ctx.out().write_text(str(sum(ctx.client.gather(futures))))
+
+
+    def allocate(n_bytes):
+        held = b"x" * n_bytes  # written, so resident
+        time.sleep(10)
+        return len(held)
+
+
+    def hog(ctx):
+        ctx.out().write_text(str(ctx.client.submit(allocate, 600 * 2**20, pure=False).result()))
+
+
+    def double(x):
+        return 2 * x
+
+
+    def elsewhere(ctx):
+        ctx.out().write_text(str(ctx.client.submit(double, 21, pure=False).result()))
+"""
+
+SPEC = """
+    pipeline: workers
+    profiles:
+      cpu: {kind: dask, n_workers: 2, threads_per_worker: 1, memory_limit: 1GiB}
+      small: {kind: dask, n_workers: 1, threads_per_worker: 1, memory_limit: 300MiB}
+    stages:
+      survive: {task: tasks.work:survive, on: cpu, outs: [data/survive.txt]}
+      hog: {task: tasks.work:hog, on: small, outs: [data/hog.txt], timeout_s: 240}
+"""
+
+
+def workers_project(make_project: Callable[[], Project]) -> Project:
+    project = make_project()
+    project.write("configs/pipeline.yaml", SPEC)
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/work.py", TASKS)
+    project.write("data/hog.txt", "old")
+    return project
+
+
+def test_killed_workers_are_replaced_and_memory_limits_are_named(make_project: Callable[[], Project]) -> None:
+    project = workers_project(make_project)
+    result = project.conveyor("run", timeout=400)
+    assert result.returncode == 1, result.stdout + result.stderr
+    stages = project.record()["stages"]
+    assert (project.root / "killed-once").exists()  # a worker did die mid-computation
+    assert stages["survive"]["status"] == "succeeded", stages["survive"]
+    assert (project.root / "data/survive.txt").read_text() == str(sum(x * x for x in range(8)))
+    hog = stages["hog"]
+    assert hog["status"] == "failed"
+    assert "Dask workers of profile 'small' died running its task 'allocate-" in hog["error"]
+    assert "300MiB (memory_limit)" in hog["error"]
+    assert (project.root / "data/hog.txt").read_text() == "old"
+    assert "stage 'hog' failed" in result.stderr
+    assert project.left_running() == []
+
+
+REMOTE = """
+    pipeline: remote
+    profiles:
+      remote: {{kind: dask, address: "{address}"}}
+    stages:
+      elsewhere: {{task: tasks.work:elsewhere, on: remote, outs: [data/elsewhere.txt]}}
+"""
+
+
+@pytest.fixture
+def workers_lacking_the_project(make_project: Callable[[], Project], tmp_path: Path) -> Iterator[Project]:
+    """A project on a cluster whose scheduler can import its tasks and whose worker cannot."""
+    project = make_project()
+    port = open_port("127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    common = {"cwd": tmp_path, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", "127.0.0.1:0"],
+                              env={**env, "PYTHONPATH": str(project.root)}, **common),
+             subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                               "--dashboard-address", "127.0.0.1:0"], env=env, **common)]
+    try:
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(1, timeout=120)
+        project.write("configs/pipeline.yaml", REMOTE.format(address=address))
+        project.write("tasks/__init__.py", "")
+        project.write("tasks/work.py", TASKS)
+        yield project
+    finally:
+        for proc in reversed(procs):
+            stop_group(proc)
+
+
+def test_workers_that_cannot_import_the_project_fail_the_stage(workers_lacking_the_project: Project) -> None:
+    project = workers_lacking_the_project
+    t0 = time.monotonic()
+    result = project.conveyor("run", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert time.monotonic() - t0 < 120  # not a hang until some timeout
+    error = project.record()["stages"]["elsewhere"]["error"]
+    assert "the Dask workers of profile 'remote' cannot import the project's package 'tasks'" in error
+    assert f"PYTHONPATH={project.root}" in error
+    assert not (project.root / "data/elsewhere.txt").exists()
