@@ -107,7 +107,8 @@ def test_unparsable_block_names_its_url_and_byte_range(bench: StageBench, tmp_pa
     path = tmp_path / "bad.csv"
     path.write_text("1,2\n3,4\nfive,6\n")
 
-    with pytest.raises(SourceError, match=r"'.*bad\.csv': .*bad\.csv bytes \d+\+\d+: ValueError"):
+    with pytest.raises(SourceError, match=r"'.*bad\.csv': .*bad\.csv bytes \d+\+\d+: line 1 of the block, "
+                                          r"column 'a': 'five' cannot be read as int64"):
         run_ingest(bench, sources=[str(path)], skip_rows=0, columns=["a", "b"], block_size=4, dtype="int64")
 
 

@@ -267,7 +267,8 @@ def test_404_and_403_are_not_retried(
 def test_unparsable_csv_is_not_retried(bench: StageBench, serve: Callable[..., FlakyServer]) -> None:
     server = serve({"bad.csv": b"a,b,c,d,label\n1,2,3,4,5\n1,2,three,4,5\n"})
 
-    with pytest.raises(SourceError, match=rf"'{server.url('bad.csv')}': .*bad\.csv: ValueError"):
+    with pytest.raises(SourceError, match=rf"'{server.url('bad.csv')}': .*bad\.csv: line 3, column 'c': "
+                                          r"'three' cannot be read as float64"):
         run_ingest(bench, [server.url("bad.csv")])
 
     assert server.requests[("GET", "bad.csv")] == 1

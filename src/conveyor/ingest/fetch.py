@@ -16,11 +16,14 @@ with exponential backoff (``ingest.retry``); permanent ones (404, 403, a bad CSV
 once. Any failure fails the stage with the source's URL and the attempts it took; work not
 yet started is cancelled, and no partial file stays behind. Part numbers follow (source,
 file, offset), so the data set is the same however the threads race.
+
+CSV is parsed strictly (:mod:`conveyor.ingest.rows`): a bad row fails the source naming
+the file, line and column, or, with ``on_bad_rows: skip``, is left out and kept in
+``<out>/_bad_rows/part-NNNNN.csv`` (a folder readers of the parquet parts skip).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
@@ -30,22 +33,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from conveyor.errors import redact
-from conveyor.ingest.params import CsvOptions, IngestParams, UrlSource
+from conveyor.ingest.params import IngestParams, UrlSource
 from conveyor.ingest.parts import part_path, temporary, write_atomically
 from conveyor.ingest.retry import Cancelled, GaveUp, call_with_retries, describe
+from conveyor.ingest.rows import BadRow, BadRowError, quarantine_csv, read_csv
 from conveyor.ingest.sources import RemoteFile, data_start, download, expand_template, list_files, read_range
 from conveyor.ingest.synthetic import SyntheticSource, write_shard
 from conveyor.run.context import StageProgress
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 __all__ = ["Ingested", "SourceError", "expand_template", "fetch_sources"]
 
 T = TypeVar("T")
+BAD_ROWS = "_bad_rows"  # under the out: parquet readers (pyarrow, dask) skip names starting with _
 _DEFAULT_WORKERS = 8
 _MB = 1e6
 
@@ -105,6 +107,7 @@ class Ingested:
     bytes: int
     seconds: float
     retries: int
+    bad_rows: int = 0  # left out (on_bad_rows: skip), each kept in <out>/_bad_rows/
 
 
 def fetch_sources(params: Mapping[str, Any], out: Path, *, executor: Executor | None = None,
@@ -125,11 +128,16 @@ def fetch_sources(params: Mapping[str, Any], out: Path, *, executor: Executor | 
         units = run.plan(pool)
         rows = run.execute(pool, units)
     if rows == 0:
-        raise ValueError(f"{key}: the sources hold no data rows")
-    done = Ingested(rows, len(units), len(parsed.sources), run.meter.bytes, time.monotonic() - started, run.retries)
+        raise ValueError(f"{key}: the sources hold no data rows" + (f" ({run.bad_rows} bad rows left out, see "
+                                                                    f"{out / BAD_ROWS})" if run.bad_rows else ""))
+    done = Ingested(rows, len(units), len(parsed.sources), run.meter.bytes, time.monotonic() - started, run.retries,
+                    run.bad_rows)
     log.info("ingested %d rows in %d parts from %d source(s): %.1f MB in %.1f s (%.1f MB/s), %d retries",
              done.rows, done.parts, done.sources, done.bytes / _MB, done.seconds,
              done.bytes / _MB / max(done.seconds, 1e-9), done.retries)
+    if done.bad_rows:
+        log.warning("left out %d bad rows (on_bad_rows: skip): each is in %s with its line and reason",
+                    done.bad_rows, out / BAD_ROWS)
     return done
 
 
@@ -141,6 +149,7 @@ class IngestRun:
         self.cancel = threading.Event()
         self.meter = Meter(progress)
         self.retries = 0
+        self.bad_rows = 0
         self._lock = threading.Lock()
 
     # --- planning -------------------------------------------------------------------
@@ -186,6 +195,9 @@ class IngestRun:
         byte before the first data line puts that line in the first block."""
         assert file.size is not None  # checked by _starter
         size, block_size = file.size, self.params.block_size
+        if start >= size:
+            raise SourceError(file.url, f"{_where(file)}holds no data rows (after skip_rows: "
+                                        f"{self.params.csv.skip_rows if self.params.csv else 0})")
         offset0 = start - 1 if start > 0 else 0
         offsets = range(offset0, max(size, offset0 + 1), block_size)
         ends = [min(o + block_size, size) for o in offsets]
@@ -219,7 +231,7 @@ class IngestRun:
         if not data.strip():
             return 0
         where = f"{file.path} bytes {block.offset}+{block.length}"
-        return self._write_parts(file, where, io.BytesIO(data), index=block.index, skip_rows=0, rows_per_part=None)
+        return self._write_parts(file, where, data, index=block.index, skip_rows=0, rows_per_part=None)
 
     def _transfer(self, unit: Transfer) -> int:
         file, counted = unit.file, [0]
@@ -243,20 +255,36 @@ class IngestRun:
         finally:
             dest.unlink(missing_ok=True)
 
-    def _write_parts(self, file: RemoteFile, where: str, src: Path | io.BytesIO, *, index: int,
+    def _write_parts(self, file: RemoteFile, where: str, src: Path | bytes, *, index: int,
                      skip_rows: int | None, rows_per_part: int | None) -> int:
         """Parse CSV rows into parts as they are read (``part-I`` for a block, ``part-I-K``
-        per chunk of a file); a parse error is permanent and names the source and the place."""
-        assert self.params.csv is not None  # URL sources always have CSV options
-        rows = 0
+        per chunk of a file); a bad row, or a parse error, names the source and the place.
+        Rows left out (``on_bad_rows: skip``) go to ``_bad_rows/part-I.csv``."""
+        csv = self.params.csv
+        assert csv is not None  # URL sources always have CSV options
+        rows, bad = 0, list[BadRow]()
+        block = rows_per_part is None  # lines are counted from the block's start
         try:
-            for chunk, frame in enumerate(iter_csv(src, self.params.csv, rows_per_part=rows_per_part,
-                                                   skip_rows=skip_rows)):
+            written: dict[int, int] = {}  # rows of each part (a second pass rewrites them)
+            for chunk, frame in read_csv(src, csv, skip_rows=csv.skip_rows if skip_rows is None else skip_rows,
+                                         rows_per_part=rows_per_part, bad=bad):
                 path = part_path(self.out, index, None if rows_per_part is None else chunk)
                 write_atomically(path, partial(frame.to_parquet, index=False))
-                rows += len(frame)
+                written[chunk] = len(frame)
+            rows = sum(written.values())
+        except BadRowError as exc:
+            raise SourceError(file.url, f"{where}: {exc.message(block=block)}") from None
         except Exception as exc:
             raise SourceError(file.url, f"{where}: {type(exc).__name__}: {exc}") from exc
+        if bad:
+            folder = self.out / BAD_ROWS
+            folder.mkdir(exist_ok=True)
+            text = quarantine_csv(redact(file.url), where, bad)
+            write_atomically(folder / f"part-{index:05d}.csv", partial(Path.write_text, data=text, encoding="utf-8"))
+            with self._lock:
+                self.bad_rows += len(bad)
+        elif rows == 0 and not block:
+            raise SourceError(file.url, f"{where}: holds no data rows (after skip_rows: {csv.skip_rows})")
         return rows
 
     def _retrying(self, url: str, location: str, fn: Callable[[], T]) -> T:
@@ -273,24 +301,6 @@ class IngestRun:
         except GaveUp as exc:
             where = "" if location == url else f"{location}: "
             raise SourceError(url, where + str(exc)) from exc.error
-
-
-def iter_csv(src: Path | io.BytesIO, options: CsvOptions, *, rows_per_part: int | None,
-             skip_rows: int | None) -> Iterator[pd.DataFrame]:
-    """The rows of a CSV file or buffer, in frames of at most ``rows_per_part`` rows (None:
-    one frame), read lazily; ``skip_rows`` None: skip the header rows the options name."""
-    import pandas as pd
-
-    kwargs: dict[str, Any] = {"header": None, "names": options.columns, "dtype": options.dtype,
-                              "skiprows": options.skip_rows if skip_rows is None else skip_rows}
-    try:
-        if rows_per_part is None:
-            yield pd.read_csv(src, **kwargs)
-            return
-        with pd.read_csv(src, chunksize=rows_per_part, **kwargs) as reader:
-            yield from reader
-    except pd.errors.EmptyDataError:
-        return
 
 
 def run_all(pool: Executor, fns: Sequence[Callable[[], T]], cancel: threading.Event,

@@ -9,6 +9,7 @@ ingest:
   columns: [...]                 # CSV: column names (required for URL sources)
   dtype: float64                 # CSV: one dtype, or {column: dtype}
   skip_rows: 1                   # CSV: header lines to skip in every file
+  on_bad_rows: error             # CSV: error | skip (left out, kept in <out>/_bad_rows/)
   block_size: 10000              # bytes per block; sets the default mode to `blocks`
   mode: files                    # blocks | files (default: blocks if block_size is set)
   rows_per_part: 1000000         # files mode: rows per parquet part
@@ -32,8 +33,9 @@ from conveyor.ingest.sources import Access
 from conveyor.ingest.synthetic import SyntheticSource
 
 MODES = ("blocks", "files")
-KEYS = frozenset({"sources", "format", "columns", "dtype", "skip_rows", "block_size", "mode", "rows_per_part",
-                  "retry", "timeout_s", "verify_etag", "storage_options"})
+KEYS = frozenset({"sources", "format", "columns", "dtype", "skip_rows", "on_bad_rows", "block_size", "mode",
+                  "rows_per_part", "retry", "timeout_s", "verify_etag", "storage_options"})
+ON_BAD_ROWS = ("error", "skip")
 _URL_KEYS = frozenset({"kind", "url", "md5", "mode"})
 _MD5 = re.compile(r"[0-9a-fA-F]{32}")
 
@@ -45,6 +47,7 @@ class CsvOptions:
     columns: list[str]
     dtype: str | dict[str, str] | None
     skip_rows: int
+    on_bad_rows: str = "error"  # a row of the wrong shape or with a value its dtype cannot hold
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,11 @@ def _source(entry: Any, i: int, mode: str, block_size: int) -> UrlSource | Synth
 def _csv_options(params: Mapping[str, Any]) -> CsvOptions:
     if not params.get("columns"):
         raise ValueError("columns: URL sources need the CSV column names")
+    on_bad_rows = str(params.get("on_bad_rows", "error"))
+    if on_bad_rows not in ON_BAD_ROWS:
+        raise ValueError(f"on_bad_rows: one of {', '.join(ON_BAD_ROWS)}, got {on_bad_rows!r}")
     return CsvOptions(columns=[str(c) for c in params["columns"]], dtype=params.get("dtype"),
-                      skip_rows=int(params.get("skip_rows", 0)))
+                      skip_rows=int(params.get("skip_rows", 0)), on_bad_rows=on_bad_rows)
 
 
 def _access(params: Mapping[str, Any]) -> Access:

@@ -26,7 +26,7 @@ def temporary(path: Path, tag: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{tag}")
 
 
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """``write(tmp)`` into a hidden sibling, then rename it to ``path``; no leftovers on failure."""
     tmp = temporary(path)
     try:
