@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -59,6 +60,17 @@ def slow_project(make_project: Callable[[], Project]) -> Project:
     for name in ("c_call", "loop", "on_dask", "after"):
         project.write(f"data/{name}.txt", "old")
     return project
+
+
+def task_run_states(project: Project) -> dict[str, str]:
+    """The final state of each task run of the project's last run, as Prefect's API has it."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run_id = uuid.UUID(project.record()["flow_run_id"])
+    with SyncPrefectClient(project.env["PREFECT_API_URL"]) as api:
+        runs = api.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {run.name: run.state.type.value for run in runs if run.state is not None}
 
 
 def test_a_python_loop_gets_the_timeout_as_the_body_leaves() -> None:
@@ -120,6 +132,7 @@ def test_timeouts_fire_in_a_loop_a_dask_wait_and_a_c_call(make_project: Callable
     assert c_call["duration_s"] < 2 + 12 + 10
     assert stages["after"]["status"] == "not_run"
     assert took < 120  # the run did not wait for the 600-s call
+    assert task_run_states(project) == {"c_call": "FAILED", "loop": "FAILED", "on_dask": "FAILED"}
     for name in ("c_call", "loop", "on_dask", "after"):
         assert (project.root / f"data/{name}.txt").read_text() == "old", name
     assert project.left_running() == []

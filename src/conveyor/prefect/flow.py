@@ -134,8 +134,10 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
                 stage = finished.get()
                 if stage not in schedule.running:  # abandoned at its timeout, and now its thread ended
                     continue
-                outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view,
-                                  runner.abandoned(stage))
+                abandoned = runner.abandoned(stage)
+                outcome = _finish(stage, futures[stage], time.monotonic() - began[stage], run, view, abandoned)
+                if abandoned is not None:
+                    _fail_task_run(futures[stage], short_error(abandoned))
                 note(stage, run.stages[stage])
                 if outcome is Outcome.SUCCEEDED:
                     session.ran.add(stage)
@@ -180,6 +182,18 @@ def _stop(runner: StageRunner, running: set[str], futures: Mapping[str, Any], fi
         record.error = (f"interrupted: still blocked after {INTERRUPT_GRACE_S:.0f}s in a call that cannot be "
                         "interrupted; its previous outs were put back and it ended with the run")
         view.interrupted(stage, record.duration_s)
+
+
+def _fail_task_run(future: Any, message: str) -> None:
+    """Tell Prefect a stage abandoned at its timeout failed: its thread, still blocked, never will
+    (the run ends without it), and its task run would stay Running in the UI for good."""
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(future.task_run_id, Failed(message=message), force=True)
+    except Exception as exc:  # noqa: BLE001 - the record and the console say it already
+        log.debug("could not mark the task run of an abandoned stage failed: %s", exc)
 
 
 def _finish(stage: str, future: Any, seconds: float, run: RunRecord, view: RunView,
