@@ -218,6 +218,27 @@ def test_http_files_arrive_intact_through_503_drop_reset_stall_and_corruption(
     assert re.fullmatch(r"5/5 files, [\d.]+ MB/s", progress.description)
 
 
+def test_a_third_of_all_requests_failing_still_delivers_every_byte(
+    bench: StageBench, serve: Callable[..., FlakyServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """30% of all requests (listings, transfers, ranges) answered 503, 500 or cut short."""
+    files = {f"part{i:02d}.csv": csv_bytes(500, 100 + i) for i in range(12)}
+
+    def plan(method: str, path: str, rng: str, n: int) -> str | None:
+        digest = hashlib.sha256(f"{method} {path} {rng} {n}".encode()).digest()
+        return ("503", "500", "drop")[digest[1] % 3] if digest[0] % 10 < 3 and n < 4 else None
+
+    server = serve(files, plan=plan)
+    with caplog.at_level(logging.WARNING, logger="tests.fetch"):
+        run_ingest(bench, [server.url(name) for name in files], timeout_s=2.0)
+
+    pd.testing.assert_frame_equal(ingested(bench.root), expected(*files.values()))
+    requests = sum(server.requests.values())
+    failed = sum(1 for line in caplog.records if "retrying in" in line.getMessage())
+    assert failed >= 0.15 * requests, (failed, requests)  # the plan did fail a good share of them
+    assert leftovers(bench.root) == []
+
+
 def test_http_blocks_mode_rereads_only_the_failed_ranges(bench: StageBench, serve: Callable[..., FlakyServer]) -> None:
     body = csv_bytes(3000, seed=7)  # about 130 KB: 17 blocks of 8000 bytes
     server = serve({"big.csv": body}, plan=lambda method, path, rng, n: "503" if rng and n == 1 else None)
