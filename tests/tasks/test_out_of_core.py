@@ -34,6 +34,7 @@ def write_raw(folder: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.scale  # about 3 minutes of spilling on 2 cores: out of the default run
 def test_preprocess_three_times_the_cluster_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")  # freed Arrow buffers go back to the OS
     size = write_raw(tmp_path / "data/raw")
