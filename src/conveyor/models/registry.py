@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args
 from conveyor.errors import RegistryError
 from conveyor.run.metrics import numbers
 from conveyor.spec.models import did_you_mean
+from conveyor.workspace import replace_atomically
 
 Direction = Literal["max", "min"]
 Status = Literal["promoted", "rejected", "failed"]
@@ -181,17 +182,8 @@ def load(path: Path) -> Registry:
 
 
 def save(path: Path, registry: Registry) -> None:
-    """Replace the registry file whole: write a temporary sibling, flush it, rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            fh.write(json.dumps(registry.to_dict(), indent=2) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Replace the registry file whole (on disk before the rename): a kill leaves the old one or the new."""
+    replace_atomically(path, json.dumps(registry.to_dict(), indent=2) + "\n", durable=True)
 
 
 @contextmanager
