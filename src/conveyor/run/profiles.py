@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from distributed import Client
 
 log = logging.getLogger("conveyor.profiles")
+# one profile starts at a time: distributed imports parts of itself as a cluster starts, and two
+# clusters starting in two threads at once failed with "module 'distributed.dashboard' has no
+# attribute 'scheduler'" (an import seen half done)
+_STARTING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Resources:
     n_workers: int = 1
     devices: tuple[int, ...] = ()
     memory_limit: str | None = None  # of each Dask worker, as the profile says it
+    external: bool = False  # a cluster conveyor did not start (``address:``): never restarted
 
 
 LOCAL = Resources(profile="local")
@@ -107,7 +112,7 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
                 if profile.address.startswith("tls://") and profile.security is None else ""
             raise ProfileError(f"profile '{name}': cannot connect to the Dask scheduler at "
                                f"{profile.address}: {exc}{hint}") from exc
-        return Resources(profile=name, client=client, n_workers=_n_workers(client))
+        return Resources(profile=name, client=client, n_workers=_n_workers(client), external=True)
     options: dict[str, Any] = {
         "n_workers": profile.n_workers, "threads_per_worker": profile.threads_per_worker,
         "processes": profile.processes, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
@@ -214,7 +219,8 @@ class Profiles(AbstractContextManager["Profiles"]):
             return LOCAL
         with self._locks.setdefault(target, threading.Lock()):
             if target not in self._started:
-                self._started[target] = self._start(target)
+                with _STARTING:
+                    self._started[target] = self._start(target)
             return self._started[target]
 
     def _start(self, name: str) -> Resources:
