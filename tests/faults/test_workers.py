@@ -1,6 +1,8 @@
-"""Dying Dask workers: killed mid-computation (Dask recomputes and the stage completes), past
-their ``memory_limit`` (the stage fails naming it), unable to import the project's package
-(the stage fails at once, instead of Dask waiting for workers that never come back)."""
+"""Dying Dask workers: killed mid-computation (Dask recomputes and the stage completes), killed
+mid-training by xgboost.dask (the collective does not recover: the attempt fails or times out,
+and the retry runs on restarted workers), past their ``memory_limit`` (the stage fails naming it),
+unable to import the project's package (the stage fails at once, instead of Dask waiting for
+workers that never come back)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ TASKS = """
     import signal
     import time
     from pathlib import Path
+
+    import xgboost as xgb
 
 
     def square_dying_once(x, marker):
@@ -52,6 +56,38 @@ TASKS = """
         ctx.out().write_text(str(ctx.client.submit(allocate, 600 * 2**20, pure=False).result()))
 
 
+    class DieOnce(xgb.callback.TrainingCallback):  # the first worker to reach round 5 dies, once
+        def __init__(self, marker):
+            super().__init__()
+            self.marker = marker
+
+        def after_iteration(self, model, epoch, evals_log):
+            if epoch == 5:
+                try:
+                    os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+                    os.kill(os.getpid(), signal.SIGKILL)
+                except FileExistsError:
+                    pass
+            return False
+
+
+    def train(ctx):
+        import dask.dataframe as dd
+        import numpy as np
+        import pandas as pd
+        import xgboost.dask
+
+        rng = np.random.default_rng(0)
+        frame = pd.DataFrame(rng.normal(size=(2000, 4)), columns=list("abcd"))
+        frame["y"] = (frame["a"] > 0).astype("int64")
+        data = dd.from_pandas(frame, npartitions=2)
+        matrix = xgboost.dask.DaskDMatrix(ctx.client, data[list("abcd")], data["y"])
+        trained = xgboost.dask.train(ctx.client, {"objective": "binary:logistic"}, matrix, num_boost_round=20,
+                                     callbacks=[DieOnce(str(ctx.root / "died-training"))],
+                                     coll_cfg=xgb.collective.Config(tracker_host_ip="127.0.0.1"))
+        trained["booster"].save_model(str(ctx.out()))
+
+
     def double(x):
         return 2 * x
 
@@ -65,9 +101,12 @@ SPEC = """
     profiles:
       cpu: {kind: dask, n_workers: 2, threads_per_worker: 1, memory_limit: 1GiB}
       small: {kind: dask, n_workers: 1, threads_per_worker: 1, memory_limit: 300MiB}
+      train: {kind: dask, n_workers: 2, threads_per_worker: 1, memory_limit: 1GiB}
     stages:
       survive: {task: tasks.work:survive, on: cpu, outs: [data/survive.txt]}
       hog: {task: tasks.work:hog, on: small, outs: [data/hog.txt], timeout_s: 240}
+      train: {task: tasks.work:train, on: train, outs: [models/xgb.json], timeout_s: 15, retries: 1,
+              retry_delay_s: 0}
 """
 
 
@@ -80,7 +119,8 @@ def workers_project(make_project: Callable[[], Project]) -> Project:
     return project
 
 
-def test_killed_workers_are_replaced_and_memory_limits_are_named(make_project: Callable[[], Project]) -> None:
+def test_killed_workers_are_replaced_restarted_after_a_timeout_and_memory_limits_named(
+        make_project: Callable[[], Project]) -> None:
     project = workers_project(make_project)
     result = project.conveyor("run", timeout=400)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -94,6 +134,13 @@ def test_killed_workers_are_replaced_and_memory_limits_are_named(make_project: C
     assert "300MiB (memory_limit)" in hog["error"]
     assert (project.root / "data/hog.txt").read_text() == "old"
     assert "stage 'hog' failed" in result.stderr
+    train = stages["train"]
+    assert (project.root / "died-training").exists()  # a worker died mid-training
+    # the collective failed (or, waiting for the dead peer, timed out); the retry ran on restarted workers
+    assert train["status"] == "succeeded" and train["attempts"] == 2, train
+    assert (project.root / "models/xgb.json").exists()
+    log = next((project.root / ".conveyor/logs").glob("*/train.log")).read_text()
+    assert "before attempt 2: restarted the workers of profile 'train'" in log
     assert project.left_running() == []
 
 

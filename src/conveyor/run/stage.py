@@ -151,6 +151,8 @@ class StageRunner:
         path = log_path(self.project.root, self.run.run_id, stage)
         frozen = stage in self.project.frozen  # DVC's frozen stage: its outs are checked, never rewritten
         with StageLog(path, stage, attempt, on_line=progress.note) as log:
+            if attempt > 1:
+                self._free_workers(stage, resources, f"before attempt {attempt}")
             fn = self._import(stage, progress) if spec.task else None
             with self.journal.protect(stage, () if frozen else spec.written, spec.persist) as entry:
                 self._entries[stage] = entry
@@ -197,11 +199,37 @@ class StageRunner:
             if self.on_abandon is not None:
                 self.on_abandon(stage)
 
-        with current_client(resources.client) if resources.client is not None else nullcontext(), \
-                Watchdog(timeout, give_up) if timeout else nullcontext():
-            if resources.client is not None:
-                self._check_workers(stage, resources)
-            fn(ctx)
+        try:
+            with current_client(resources.client) if resources.client is not None else nullcontext(), \
+                    Watchdog(timeout, give_up) if timeout else nullcontext():
+                if resources.client is not None:
+                    self._check_workers(stage, resources)
+                fn(ctx)
+        except TaskTimedOut:
+            if self.run.stages[stage].attempts > spec.retries:  # no retry will: free them for the stages after
+                self._free_workers(stage, resources, "after its timeout")
+            raise
+
+    def _free_workers(self, stage: str, resources: Resources, when: str) -> None:
+        """Restart the workers of a cluster conveyor started, unless another stage is using it now:
+        a failed or timed-out attempt may leave them blocked (a collective waiting for a dead peer,
+        a long C call) or broken (xgboost's collective after a peer died), and a retry on them
+        would fail or hang the same way."""
+        if resources.client is None or resources.external:
+            return
+        log = stage_logger(stage)
+        with self._mutex:
+            others = sorted(s for s in self._threads if s != stage and self.run.stages[s].profile == resources.profile)
+        if others:
+            log.warning("%s: the workers of profile '%s' were not restarted: %s use them",
+                        when, resources.profile, ", ".join(others))
+            return
+        try:
+            resources.client.restart(timeout=120)
+            log.warning("%s: restarted the workers of profile '%s' (what the stage left there is stopped)",
+                        when, resources.profile)
+        except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to report
+            log.warning("%s: restarting the workers of profile '%s' failed: %s", when, resources.profile, exc)
 
     def _check_workers(self, stage: str, resources: Resources) -> None:
         """The workers can import the task's package (what the task sends them lives there):
