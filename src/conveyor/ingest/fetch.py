@@ -279,7 +279,7 @@ class IngestRun:
         if bad:
             folder = self.out / BAD_ROWS
             folder.mkdir(exist_ok=True)
-            text = quarantine_csv(redact(file.url), where, bad)
+            text = quarantine_csv(redact(file.url), where, sorted(bad, key=lambda row: row.line))
             write_atomically(folder / f"part-{index:05d}.csv", partial(Path.write_text, data=text, encoding="utf-8"))
             with self._lock:
                 self.bad_rows += len(bad)
