@@ -144,15 +144,6 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
                      memory_limit=profile.memory_limit)
 
 
-def workers_lacking(client: Client, package: str) -> list[str]:
-    """The workers of ``client``'s cluster that cannot find ``package`` (a worker that fails to
-    unpickle a task closes its connection, and Dask waits for workers that never come)."""
-    import importlib.util
-
-    found = client.run(importlib.util.find_spec, package, on_error="return")
-    return sorted(worker for worker, spec in found.items() if spec is None or isinstance(spec, BaseException))
-
-
 def slurm_cluster(name: str, profile: SlurmProfile) -> Any:
     """A dask-jobqueue SLURMCluster for the profile (its scheduler runs here; no job submitted yet)."""
     try:

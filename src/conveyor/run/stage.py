@@ -21,11 +21,12 @@ from typing import Any, Protocol
 
 from conveyor.errors import MissingOutputError, RedactedError, StageError, redact
 from conveyor.plan.fingerprint import Record
+from conveyor.run import workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
-from conveyor.run.profiles import Profiles, Resources, workers_lacking
+from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
@@ -108,7 +109,7 @@ class StageRunner:
             except Exception as exc:
                 if type(exc).__name__ != "KilledWorker":  # distributed's, not imported here
                     raise
-                raise StageError(stage, workers_died(exc, resources)) from None
+                raise StageError(stage, workers.died(exc, resources)) from None
         except BaseException as exc:
             record.trace = failure_detail(exc, self.project.root)
             if record.attempts <= spec.retries:
@@ -211,41 +212,17 @@ class StageRunner:
             raise
 
     def _free_workers(self, stage: str, resources: Resources, when: str) -> None:
-        """Restart the workers of a cluster conveyor started, unless another stage is using it now:
-        a failed or timed-out attempt may leave them blocked (a collective waiting for a dead peer,
-        a long C call) or broken (xgboost's collective after a peer died), and a retry on them
-        would fail or hang the same way."""
-        if resources.client is None or resources.external:
-            return
-        log = stage_logger(stage)
+        """Restart the stage's workers (:func:`conveyor.run.workers.restart`) unless another stage uses them."""
         with self._mutex:
             others = sorted(s for s in self._threads if s != stage and self.run.stages[s].profile == resources.profile)
-        if others:
-            log.warning("%s: the workers of profile '%s' were not restarted: %s use them",
-                        when, resources.profile, ", ".join(others))
-            return
-        try:
-            resources.client.restart(timeout=120)
-            log.warning("%s: restarted the workers of profile '%s' (what the stage left there is stopped)",
-                        when, resources.profile)
-        except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to report
-            log.warning("%s: restarting the workers of profile '%s' failed: %s", when, resources.profile, exc)
+        workers.restart(resources, stage_logger(stage), when, others)
 
     def _check_workers(self, stage: str, resources: Resources) -> None:
-        """The workers can import the task's package (what the task sends them lives there):
-        a worker that cannot unpickle a task drops out, and Dask would wait for it forever."""
+        """Once per profile and package in a run: the workers can import the task's package."""
         package = self.project.pipeline.stages[stage].module.split(".")[0]
-        if (resources.profile, package) in self._importable or resources.client is None:
-            return
-        lacking = workers_lacking(resources.client, package)
-        if lacking:
-            shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
-            raise StageError(stage, f"the Dask workers of profile '{resources.profile}' cannot import the project's "
-                                    f"package '{package}' ({shown}): the functions the task sends them live "
-                                    f"there. Install the project where the workers run (pip install -e . in "
-                                    f"their environment, or start them with PYTHONPATH={self.project.root}), "
-                                    "or run the stage on a profile conveyor starts")
-        self._importable.add((resources.profile, package))
+        if (resources.profile, package) not in self._importable:
+            workers.check_importable(stage, resources, package, self.project.root)
+            self._importable.add((resources.profile, package))
 
     def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
         spec = self.project.pipeline.stages[stage]
@@ -286,18 +263,6 @@ def current_client(client: Any) -> Iterator[None]:
         yield
     finally:
         _current_client.reset(token)
-
-
-def workers_died(exc: BaseException, resources: Resources) -> str:
-    """Why a stage failed when Dask gave up on a task whose workers kept dying (KilledWorker)."""
-    args: tuple[Any, ...] = exc.args
-    task = f" {args[0]!r}" if args else ""
-    tried = f" on {args[2] + 1} workers in turn" if len(args) > 2 and isinstance(args[2], int) else ""
-    what = f"Dask workers of profile '{resources.profile}' died running its task{task}{tried} (KilledWorker)"
-    if resources.memory_limit is not None:
-        return (f"{what}; each worker may use {resources.memory_limit} (memory_limit), and a worker past 95% of "
-                "it is killed: raise memory_limit or make the partitions smaller")
-    return f"{what}; the workers' logs say why (memory, a crash in native code)"
 
 
 def failure_detail(exc: BaseException, root: Path) -> str:
