@@ -8,12 +8,12 @@ split only, so nothing of valid/test leaks into the models.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks import inputs
 from tasks.files import write_json
 
 if TYPE_CHECKING:
@@ -30,8 +30,6 @@ DDOF = 1  # sample standard deviation, as pandas' default
 _BINS = 1 << 16  # histogram resolution of the split key when locating per-class cut points
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
-_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")  # the parts dask's read_parquet reads
-_SHOWN_COLUMNS = 20  # columns named in the error for a missing label
 
 
 @dataclass(frozen=True)
@@ -66,10 +64,10 @@ def prepare(ctx: StageContext) -> None:
     label, seed = str(params["label"]), int(ctx.params["seed"])
     fractions = Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
     raw = ctx.dep()
-    source = _declared(ctx, raw)
+    source = inputs.declared(ctx, raw)
     ctx.progress.start(3, unit="steps", description="preprocessing")
-    with _naming_bad_parts(raw, source):
-        frame = clean(_read_parts(raw, source), label, source=source)
+    with inputs.naming_bad_parts(raw, source):
+        frame = clean(inputs.read_parts(raw, source), label, source=source)
         features = [column for column in frame.columns if column != label]
         tagged = split_rows(frame, label=label, seed=seed, fractions=fractions, source=source)
         ctx.progress.advance(1)
@@ -103,7 +101,7 @@ def clean(frame: dd.DataFrame, label: str, *, source: str = "the data") -> dd.Da
     """
     import pandas as pd
 
-    _check_columns(frame, label, source)
+    inputs.check_columns(frame, label, source)
     frame = frame.dropna(subset=[label])
     if pd.api.types.is_float_dtype(frame[label].dtype):
         frame = frame.astype({label: "int64"})
@@ -126,131 +124,12 @@ def split_rows(
     keys = frame.map_partitions(_split_keys, label, seed)
     # split_out=1: a tree reduction to one small result, not a shuffle
     counts = keys.groupby([label, "bin"]).size(split_out=1).compute().sort_index()
-    _check_classes(counts, label, source)
+    inputs.check_classes(counts, label, source)
     cuts = _cut_ranks(counts, fractions)
     boundary = keys[keys.map_partitions(_in_bins, label, sorted(_bins_of(cuts)))].compute()
     thresholds = _thresholds(cuts, boundary, label)
     tagged: dd.DataFrame = frame.map_partitions(_tag_split, label, seed, thresholds)
     return tagged
-
-
-def _declared(ctx: StageContext, path: Path) -> str:
-    """The dep as the spec declares it (``data/raw``): what a user recognises in an error."""
-    return next((declared for declared, dep in ctx.deps.items() if dep == path), str(path))
-
-
-def _read_parts(raw: Path, source: str) -> dd.DataFrame:
-    """The parquet parts under ``raw``, lazily; an empty directory is an error that says so.
-
-    dask's own error for it ("No files satisfy the `parquet_file_extension` criteria")
-    names neither the directory nor the stage that should have filled it.
-    """
-    import dask.dataframe as dd
-
-    try:
-        frame: dd.DataFrame = dd.read_parquet(str(raw))
-    except ValueError as error:
-        if raw.is_dir() and not _parquet_parts(raw):
-            raise ValueError(f"preprocess: {source} holds no parquet parts: {_rerun(source)}") from error
-        raise
-    return frame
-
-
-@contextmanager
-def _naming_bad_parts(raw: Path, source: str) -> Iterator[None]:
-    """Turn pyarrow's error about an unreadable part into one that names the part.
-
-    ``read_parquet`` opens only the first part's footer; the others are opened by the
-    tasks that read them, on the workers, and their ``ArrowInvalid`` ("Parquet magic bytes
-    not found in footer") names no file. Only after such a failure are the footers of all
-    the parts read, one small read per file, to find the culprit; the success path pays nothing.
-    """
-    import pyarrow as pa
-
-    try:
-        yield
-    except pa.ArrowException as error:
-        culprit = _unreadable_part(raw, source)
-        if culprit is None:
-            raise
-        raise culprit from error
-
-
-def _unreadable_part(raw: Path, source: str) -> ValueError | None:
-    """The error naming the first part whose footer pyarrow cannot read; None if all read."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    for part in _parquet_parts(raw):
-        try:
-            pq.read_metadata(part)
-        except (pa.ArrowException, OSError) as error:
-            shown = f"{source}/{part.relative_to(raw).as_posix()}" if part != raw else source
-            return ValueError(f"preprocess: {shown} is not a readable parquet file ({error}): {_rerun(source)}")
-    return None
-
-
-def _parquet_parts(raw: Path) -> list[Path]:
-    """The files dask reads for ``raw``: itself if a file, else the ``*.parquet`` (``.parq``,
-    ``.pq``) files below it, less the hidden and ``_``-prefixed ones pyarrow skips."""
-    if raw.is_file():
-        return [raw]
-    return sorted(
-        path
-        for path in raw.rglob("*")
-        if path.suffix in _PARQUET_SUFFIXES
-        and path.is_file()
-        and not any(part.startswith((".", "_")) for part in path.relative_to(raw).parts)
-    )
-
-
-def _rerun(source: str) -> str:
-    """What to do about missing or broken parts: write them again."""
-    return f"rerun the stage that writes {source} (conveyor run ingest)"
-
-
-def _check_columns(frame: dd.DataFrame, label: str, source: str) -> None:
-    """The label is a column and every other column is numeric: from metadata, no data read.
-
-    Without this, a missing label is a ``KeyError`` deep in ``dropna`` and a string feature
-    fails in the middle of the statistics, after the split has already read every part.
-    """
-    import pandas as pd
-
-    columns = [str(column) for column in frame.columns]
-    if label not in columns:
-        shown = ", ".join(columns[:_SHOWN_COLUMNS])
-        if len(columns) > _SHOWN_COLUMNS:
-            shown += f", ... ({len(columns)} in all)"
-        raise ValueError(
-            f"preprocess: label column '{label}' is not in {source} (columns: {shown or 'none'}): "
-            f"set preprocess.label to one of them"
-        )
-    for column, dtype in frame.dtypes.items():
-        if column != label and not pd.api.types.is_numeric_dtype(dtype):
-            raise ValueError(
-                f"preprocess: column '{column}' of {source} is {dtype}, not numeric: features are "
-                f"standardised, so give it a numeric dtype when ingesting (ingest.dtype) or drop it"
-            )
-
-
-def _check_classes(counts: pd.Series, label: str, source: str) -> None:
-    """At least two classes among the labelled rows, from the split's per-(class, bin) counts.
-
-    One class would give a model that cannot be trained (or one that is always right);
-    no labelled row would give empty splits. Both would otherwise fail late, or not at all.
-    """
-    classes = list(counts.index.unique(level=0)) if len(counts) else []
-    if len(classes) == 0:
-        raise ValueError(
-            f"preprocess: no row of {source} has a label '{label}' (the column is empty or all missing): "
-            f"check the data ingest reads, or set preprocess.label to the column that holds the classes"
-        )
-    if len(classes) == 1:
-        raise ValueError(
-            f"preprocess: label '{label}' has one class ({classes[0]}) in {source}: "
-            f"a classifier needs at least two"
-        )
 
 
 def standardise(frame: dd.DataFrame, features: list[str], stats: ColumnStats) -> dd.DataFrame:

@@ -1,0 +1,142 @@
+"""The raw parts preprocess reads, and what can be wrong with them, named before any work.
+
+A missing label, one class, a feature that is not a number, no parts, a part that does not
+read: each is a ValueError naming the data as the spec declares it (``data/raw``) or the
+file, and what to do. The checks read metadata, or results preprocess computes anyway; a
+broken part is looked for (its footer) only after a read failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from conveyor import StageContext
+
+_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")  # the parts dask's read_parquet reads
+_SHOWN_COLUMNS = 20  # columns named in the error for a missing label
+
+
+def declared(ctx: StageContext, path: Path) -> str:
+    """The dep as the spec declares it (``data/raw``): what a user recognises in an error."""
+    return next((declared for declared, dep in ctx.deps.items() if dep == path), str(path))
+
+
+def read_parts(raw: Path, source: str) -> dd.DataFrame:
+    """The parquet parts under ``raw``, lazily; an empty directory is an error that says so.
+
+    dask's own error for it ("No files satisfy the `parquet_file_extension` criteria")
+    names neither the directory nor the stage that should have filled it.
+    """
+    import dask.dataframe as dd
+
+    try:
+        frame: dd.DataFrame = dd.read_parquet(str(raw))
+    except ValueError as error:
+        if raw.is_dir() and not _parquet_parts(raw):
+            raise ValueError(f"preprocess: {source} holds no parquet parts: {_rerun(source)}") from error
+        raise
+    return frame
+
+
+@contextmanager
+def naming_bad_parts(raw: Path, source: str) -> Iterator[None]:
+    """Turn pyarrow's error about an unreadable part into one that names the part.
+
+    ``read_parquet`` opens only the first part's footer; the others are opened by the
+    tasks that read them, on the workers, and their ``ArrowInvalid`` ("Parquet magic bytes
+    not found in footer") names no file. Only after such a failure are the footers of all
+    the parts read, one small read per file, to find the culprit; the success path pays nothing.
+    """
+    import pyarrow as pa
+
+    try:
+        yield
+    except pa.ArrowException as error:
+        culprit = _unreadable_part(raw, source)
+        if culprit is None:
+            raise
+        raise culprit from error
+
+
+def _unreadable_part(raw: Path, source: str) -> ValueError | None:
+    """The error naming the first part whose footer pyarrow cannot read; None if all read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for part in _parquet_parts(raw):
+        try:
+            pq.read_metadata(part)
+        except (pa.ArrowException, OSError) as error:
+            shown = f"{source}/{part.relative_to(raw).as_posix()}" if part != raw else source
+            return ValueError(f"preprocess: {shown} is not a readable parquet file ({error}): {_rerun(source)}")
+    return None
+
+
+def _parquet_parts(raw: Path) -> list[Path]:
+    """The files dask reads for ``raw``: itself if a file, else the ``*.parquet`` (``.parq``,
+    ``.pq``) files below it, less the hidden and ``_``-prefixed ones pyarrow skips."""
+    if raw.is_file():
+        return [raw]
+    return sorted(
+        path
+        for path in raw.rglob("*")
+        if path.suffix in _PARQUET_SUFFIXES
+        and path.is_file()
+        and not any(part.startswith((".", "_")) for part in path.relative_to(raw).parts)
+    )
+
+
+def _rerun(source: str) -> str:
+    """What to do about missing or broken parts: write them again."""
+    return f"rerun the stage that writes {source} (conveyor run ingest)"
+
+
+def check_columns(frame: dd.DataFrame, label: str, source: str) -> None:
+    """The label is a column and every other column is numeric: from metadata, no data read.
+
+    Without this, a missing label is a ``KeyError`` deep in ``dropna`` and a string feature
+    fails in the middle of the statistics, after the split has already read every part.
+    """
+    import pandas as pd
+
+    columns = [str(column) for column in frame.columns]
+    if label not in columns:
+        shown = ", ".join(columns[:_SHOWN_COLUMNS])
+        if len(columns) > _SHOWN_COLUMNS:
+            shown += f", ... ({len(columns)} in all)"
+        raise ValueError(
+            f"preprocess: label column '{label}' is not in {source} (columns: {shown or 'none'}): "
+            f"set preprocess.label to one of them"
+        )
+    for column, dtype in frame.dtypes.items():
+        if column != label and not pd.api.types.is_numeric_dtype(dtype):
+            raise ValueError(
+                f"preprocess: column '{column}' of {source} is {dtype}, not numeric: features are "
+                f"standardised, so give it a numeric dtype when ingesting (ingest.dtype) or drop it"
+            )
+
+
+def check_classes(counts: pd.Series, label: str, source: str) -> None:
+    """At least two classes among the labelled rows, from the split's per-(class, bin) counts.
+
+    One class would give a model that cannot be trained (or one that is always right);
+    no labelled row would give empty splits. Both would otherwise fail late, or not at all.
+    """
+    classes = list(counts.index.unique(level=0)) if len(counts) else []
+    if len(classes) == 0:
+        raise ValueError(
+            f"preprocess: no row of {source} has a label '{label}' (the column is empty or all missing): "
+            f"check the data ingest reads, or set preprocess.label to the column that holds the classes"
+        )
+    if len(classes) == 1:
+        raise ValueError(
+            f"preprocess: label '{label}' has one class ({classes[0]}) in {source}: "
+            f"a classifier needs at least two"
+        )
