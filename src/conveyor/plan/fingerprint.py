@@ -124,10 +124,18 @@ def code_paths(project: Project, stage: str) -> list[str]:
             for p in project.task_sources(stage)]
 
 
+def data_deps(project: Project, stage: str) -> list[str]:
+    """The paths a stage reads: its deps, and the outs of the stages it ``needs`` (as the compiled
+    dvc.yaml lists them), so a stacked model retrains when a model it stacks changed."""
+    spec = project.pipeline.stages[stage]
+    needed = [out for other in spec.needs for out in project.pipeline.stages[other].written]
+    return list(dict.fromkeys([*spec.deps, *needed]))
+
+
 def current_state(project: Project, stage: str, hasher: Hasher) -> StageState:
     """The stage's fingerprint as the workspace is now (missing paths are left out)."""
     spec = project.pipeline.stages[stage]
-    dep_paths = list(dict.fromkeys([*spec.deps, *code_paths(project, stage)]))
+    dep_paths = list(dict.fromkeys([*data_deps(project, stage), *code_paths(project, stage)]))
     deps = tuple(e for p in dep_paths if (e := _entry(project.root, p, hasher)) is not None)
     outs = tuple(e for p in spec.written if (e := hasher.entry(project.root, p)) is not None)
     return StageState(stage_cmd(stage, project), deps, project.stage_params(stage), outs, spec.wdir)
@@ -150,7 +158,7 @@ def stale_reasons(project: Project, stage: str, state: StageState,
     reasons: list[str] = []
     was = {d["path"]: d.get("md5") for d in recorded.get("deps", [])}
     now = {e.path: e.md5 for e in state.deps}
-    for path in dict.fromkeys([*spec.deps, *sorted(code)]):
+    for path in dict.fromkeys([*data_deps(project, stage), *sorted(code)]):
         what = "code" if path in code else "dep"
         if path not in now:
             reasons.append(f"{what} missing: {path}")
@@ -318,6 +326,15 @@ def plan(project: Project, selected: set[str], record: Record, *, force: bool = 
         if stage not in selected:
             continue
         own = ["forced"] if force else record.reasons(stage)
-        ups = [f"upstream '{u}' is stale" for u in sorted(project.graph[stage]) if reasons.get(u)]
-        reasons[stage] = own + ups
+        ups = [u for u in sorted(project.graph[stage]) if reasons.get(u)]
+        reasons[stage] = own + ([_stale_upstream(ups)] if ups else [])
     return reasons
+
+
+def _stale_upstream(names: list[str], shown: int = 3) -> str:
+    """``upstream 'a' is stale``; of a matrix, the first few and how many more."""
+    if len(names) == 1:
+        return f"upstream '{names[0]}' is stale"
+    listed = ", ".join(f"'{n}'" for n in names[:shown])
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"upstream {listed}{more} are stale"
