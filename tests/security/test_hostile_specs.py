@@ -163,7 +163,10 @@ SPEC_CASES = [
     Case("unknown-stage-key", {SPEC: stage_spec(TASK + ", ouputs: [a]")}, SPEC, 3, "stages.s.ouputs",
          "unknown key 'ouputs'"),
     Case("empty-matrix", {SPEC: stage_spec(TASK + ", matrix: {}")}, SPEC, 3, "stages.s.matrix",
-         "unknown key 'matrix'"),
+         "a matrix is a mapping of names to lists of values"),
+    Case("matrix-of-a-million", {SPEC: stage_spec(TASK + ", matrix: {a: [" + ",".join(map(str, range(1000)))
+                                                  + "], b: [" + ",".join(map(str, range(1000))) + "]}")},
+         SPEC, 3, "stages.s.matrix", "1,000,000 combinations: more than 10,000 stages"),
     Case("task-and-cmd", {SPEC: stage_spec(TASK + ", cmd: echo hi")}, SPEC, 3, "stages.s",
          "a stage runs a task (module:function) or a cmd (a shell command): give exactly one"),
     Case("neither-task-nor-cmd", {SPEC: stage_spec("outs: [a]")}, SPEC, 3, "stages.s",

@@ -23,6 +23,7 @@ import yaml
 
 from conveyor.errors import UsageError
 from conveyor.plan.fingerprint import code_paths, exec_cmd
+from conveyor.spec.matrix import JOIN, MATRIX
 from conveyor.spec.models import Declared, Stage
 from conveyor.spec.project import Project
 from conveyor.workspace import replace_atomically
@@ -38,17 +39,37 @@ def compile_stages(project: Project) -> dict[str, Any]:
     """The ``dvc.yaml`` document for ``project`` (stages in dependency order)."""
     document: dict[str, Any] = {}
     params_file = project.rel(project.params_path)
-    if params_file != DEFAULT_PARAMS and any(s.cmd is not None for s in project.as_written.stages.values()):
+    if params_file != DEFAULT_PARAMS and (project.matrix is not None or
+                                          any(s.cmd is not None for s in project.as_written.stages.values())):
         document["vars"] = [params_file]  # DVC reads ${...} from params.yaml only, unless told
-    document["stages"] = {name: _dvc_stage(project, name) for name in project.order}
+    stages: dict[str, Any] = {}
+    for name in project.order:
+        group = name.partition(JOIN)[0] if project.item_of(name) is not None else None
+        if group is None:
+            stages[name] = _dvc_stage(project, name, project.as_written.stages[name])
+        elif group not in stages:  # one DVC matrix stage for all its items, where the first one runs
+            stages[group] = _matrix_stage(project, group, name)
+    document["stages"] = stages
     return document
 
 
-def _dvc_stage(project: Project, name: str) -> dict[str, Any]:
-    spec = project.as_written.stages[name]
+def _matrix_stage(project: Project, group: str, first: str) -> dict[str, Any]:
+    """A matrix stage as written (``${item.eta}`` kept for DVC), with the ``matrix`` it expands."""
+    assert project.matrix is not None
+    written = dict(project.matrix.written[group])
+    matrix = written.pop(MATRIX)
+    spec = Stage.model_validate(written)
+    needs = tuple(s for need in spec.needs for s in project.matrix.groups.get(need, (need,)))
+    body = _dvc_stage(project, first, spec.model_copy(update={"needs": needs}),
+                      exec_name=f"{group}{JOIN}${{key}}")
+    return {MATRIX: matrix, **body}
+
+
+def _dvc_stage(project: Project, name: str, spec: Stage, exec_name: str | None = None) -> dict[str, Any]:
+    """``exec_name``: the stage ``conveyor exec`` runs, when not ``name`` (a matrix: ``train@${key}``)."""
     needed = [out for other in spec.needs for out in project.as_written.stages[other].written]
     deps = list(dict.fromkeys([*spec.deps, *needed, *code_paths(project, name)]))
-    body: dict[str, Any] = {"cmd": _cmd(project, name, spec)}
+    body: dict[str, Any] = {"cmd": _cmd(project, exec_name or name, spec)}
     if spec.wdir:
         body["wdir"] = spec.wdir
     if spec.desc:

@@ -190,6 +190,7 @@ class StageRunner:
             stage=stage, params=self.project.stage_params(stage),
             deps={d: root / d for d in spec.deps}, outs={o: root / o for o in spec.outs},
             metrics={m: root / m for m in spec.metrics}, names=spec.names, root=root, log=logger,
+            item=self.project.item_of(stage),
             client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
             devices=resources.devices, progress=progress,
         )

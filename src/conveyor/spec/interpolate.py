@@ -10,7 +10,7 @@ line and key path of the text that names it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.spec.models import did_you_mean
@@ -42,13 +42,19 @@ def dotted_keys(params: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
             yield from dotted_keys(value, dotted + ".")
 
 
-def interpolate(text: str, params: Mapping[str, Any]) -> str:
-    """``text`` with each ``${key}`` replaced by its value in ``params``."""
+def interpolate(text: str, params: Mapping[str, Any], only: Callable[[str], bool] | None = None) -> str:
+    """``text`` with each ``${key}`` replaced by its value in ``params``.
+
+    ``only``: replace just the keys it accepts, leaving the others (and ``\\${``) as written
+    for a later pass (a matrix item's ``${item.eta}`` first, the params file's keys after).
+    """
 
     def value_of(match: re.Match[str]) -> str:
+        key = match.group(2).strip()
+        if only is not None and (match.group(1) or not only(key)):
+            return match.group(0)
         if match.group(1):
             return match.group(0)[1:]  # \${ stays a literal ${
-        key = match.group(2).strip()
         try:
             value = lookup(params, key)
         except KeyError:
@@ -64,18 +70,20 @@ def interpolate(text: str, params: Mapping[str, Any]) -> str:
     return PLACEHOLDER.sub(value_of, text)
 
 
-def interpolate_stage(body: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[dict[str, Any], list[
+def interpolate_stage(body: Mapping[str, Any], params: Mapping[str, Any],
+                      only: Callable[[str], bool] | None = None) -> tuple[dict[str, Any], list[
         tuple[tuple[str | int, ...], str]]]:
     """A stage's raw body with its ``FIELDS`` interpolated, and the problems found.
 
     Each problem is ``(key path inside the stage, message)``; the value stays as written there.
+    ``only`` as for :func:`interpolate`.
     """
     problems: list[tuple[tuple[str | int, ...], str]] = []
 
     def walk(value: Any, where: tuple[str | int, ...], keys_too: bool) -> Any:
         if isinstance(value, str):
             try:
-                return interpolate(value, params)
+                return interpolate(value, params, only)
             except InterpolationError as exc:
                 problems.append((where, str(exc)))
                 return value

@@ -322,16 +322,20 @@ def parse_dvc_pipeline(doc: LoadedYaml) -> DvcPipeline:
         raise SpecError(sorted(issues, key=lambda i: i.line or 0)) from None
 
 
-def parse_pipeline(doc: LoadedYaml) -> Pipeline:
-    """Validate the structure of a loaded spec; every problem is reported at once."""
+def parse_pipeline(doc: LoadedYaml, items: Iterable[str] = ()) -> Pipeline:
+    """Validate the structure of a loaded spec; every problem is reported at once.
+
+    ``items``: stage names a matrix made (``train@0.1-6``), whose group name is checked instead.
+    """
     if not isinstance(doc.data, dict):
         raise SpecError([SpecIssue(doc.path, 1, "", "a spec is a mapping with 'pipeline' and 'stages'")])
     stages = doc.data.get("stages")
+    made = frozenset(items)
     issues = [
         SpecIssue(doc.path, doc.line(("stages", name)), f"stages.{name}",
                   "a stage name starts with a letter and holds only letters, digits, _ and -")
         for name in (stages if isinstance(stages, dict) else {})
-        if not NAME.match(str(name))
+        if not NAME.match(str(name).partition("@")[0] if name in made else str(name))
     ]
     try:
         pipeline = Pipeline.model_validate(doc.data)
@@ -395,7 +399,8 @@ def _allowed_keys(parent: tuple[str | int, ...], data: Any) -> list[str]:
     if parent[0] == "placement" and len(parent) == 2:
         return list(Placement.model_fields)
     if parent[0] == "stages" and len(parent) == 2:
-        return [field.alias or name for name, field in Stage.model_fields.items()]
+        written = [field.alias or name for name, field in Stage.model_fields.items()]
+        return written if "@" in str(parent[1]) else [*written, "matrix"]  # an item's matrix is spent
     if parent[0] == "stages" and len(parent) == 4 and parent[2] in ("outs", "metrics"):
         return ["persist"]
     if parent[0] == "profiles" and len(parent) == 2:

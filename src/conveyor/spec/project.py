@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from conveyor.plan import dag
 from conveyor.spec.checks import check_graph, check_references, link_problem, path_problem, stages_of, valid_stages
 from conveyor.spec.dvcyaml import DvcSource, is_placement, load_dvc_project
 from conveyor.spec.interpolate import interpolate_stage, lookup
+from conveyor.spec.matrix import Expanded, expand, group_key, of_item
 from conveyor.spec.models import Pipeline, did_you_mean, parse_pipeline
 from conveyor.spec.sources import local_sources
 from conveyor.spec.yamlmap import LoadedYaml, load_yaml, yaml_issue
@@ -50,6 +51,7 @@ class Project:
     graph: Mapping[str, frozenset[str]]
     declared: Pipeline | None = None
     dvc: DvcSource | None = None
+    matrix: Expanded | None = None  # the matrix stages of the spec and the items they made
     # Task sources, found once per stage: stages check their fingerprint in parallel threads,
     # and CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch").
     _sources: dict[str, list[Path]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -74,6 +76,11 @@ class Project:
         if self.dvc is not None and self.dvc.metrics is not None:
             return tuple(self.dvc.metrics.get(stage, ()))
         return self.pipeline.stages[stage].metrics
+
+    def item_of(self, stage: str) -> dict[str, Any] | None:
+        """The matrix item of ``stage`` (``{"eta": 0.1, "max_depth": 6}`` for ``train@0.1-6``), or None."""
+        item = self.matrix.items.get(stage) if self.matrix is not None else None
+        return dict(item) if item is not None else None
 
     @property
     def spec_option(self) -> str:
@@ -174,11 +181,13 @@ def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
         return load_dvc_project(dvc_file.resolve(), written)
     raw = written.data if isinstance(written.data, dict) else {}
     params_path, params, issues = _params_of(root, written, raw)
-    doc, interpolation_issues = _interpolated(written, params)
+    matrix = expand(written, params)
+    issues += matrix.issues
+    doc, interpolation_issues = _interpolated(matrix.doc, params, matrix.items)
     issues += interpolation_issues
     raw = doc.data if isinstance(doc.data, dict) else {}
     try:
-        pipeline: Pipeline | None = parse_pipeline(doc)
+        pipeline: Pipeline | None = parse_pipeline(doc, matrix.items)
     except SpecError as exc:
         issues += exc.issues
         pipeline = None
@@ -189,18 +198,25 @@ def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
     graph = dag.stage_graph(stages)
     issues += check_graph(doc, stages, graph, root, bad_paths={i.key for i in issues})
     if issues or pipeline is None:
+        if matrix.groups:  # what every item of a matrix repeats is said once, of the matrix stage
+            issues = list(dict.fromkeys(replace(i, key=group_key(i.key, matrix.items)) for i in issues))
         raise SpecError(sorted(issues, key=lambda i: (str(i.file), i.line or 0)))
-    declared = parse_pipeline(written) if doc is not written else None
-    return Project(root, spec_path, pipeline, params_path, params, graph, declared)
+    declared = parse_pipeline(matrix.doc, matrix.items) if doc is not written else None
+    return Project(root, spec_path, pipeline, params_path, params, graph, declared,
+                   matrix=matrix if matrix.groups else None)
 
 
-def _interpolated(doc: LoadedYaml, params: Mapping[str, Any]) -> tuple[LoadedYaml, list[SpecIssue]]:
-    """``doc`` with ``${...}`` replaced in every stage (the same object when there is none)."""
+def _interpolated(doc: LoadedYaml, params: Mapping[str, Any],
+                  items: Mapping[str, Any]) -> tuple[LoadedYaml, list[SpecIssue]]:
+    """``doc`` with ``${...}`` replaced in every stage (the same object when there is none).
+
+    ``items``: stages a matrix made, whose ``${item...}`` the matrix filled in (or reported).
+    """
     raw = doc.data if isinstance(doc.data, dict) else {}
     stages: dict[str, Any] = {}
     issues: list[SpecIssue] = []
     for name, body in stages_of(raw):
-        stages[name], problems = interpolate_stage(body, params)
+        stages[name], problems = interpolate_stage(body, params, (lambda k: not of_item(k)) if name in items else None)
         for where, message in problems:
             key = ("stages", name, *where)
             issues.append(SpecIssue(doc.path, doc.line(key), ".".join(map(str, key)), message))

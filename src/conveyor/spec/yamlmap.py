@@ -185,7 +185,20 @@ def yaml_issue(path: Path, exc: yaml.YAMLError) -> SpecIssue:
     problem = getattr(exc, "problem", None) or str(exc)
     if isinstance(exc, YamlRefused):
         return SpecIssue(path, line, exc.key, problem)
+    if "got '{'" in problem and mark is not None and "${" in _line_of(mark):
+        problem += ("; inside [...] or {...}, a value holding ${...} must be quoted: write "
+                    "['models/m-${item.eta}.json'], or the list one item per line ('- models/m-${item.eta}.json')")
     return SpecIssue(path, line, "", f"not valid YAML: {problem}")
+
+
+def _line_of(mark: Any) -> str:
+    """The text of the line ``mark`` points at (PyYAML keeps the whole document in ``buffer``)."""
+    buffer = getattr(mark, "buffer", None)
+    if not isinstance(buffer, str):
+        return ""
+    start = buffer.rfind("\n", 0, mark.index) + 1
+    end = buffer.find("\n", mark.index)
+    return buffer[start:end if end >= 0 else len(buffer)]
 
 
 def _read_text(path: Path) -> str:
