@@ -21,6 +21,7 @@ from rich.console import Console
 from conveyor.cli import signals
 from conveyor.errors import ConveyorError, Interrupted, UsageError
 from conveyor.plan import dag
+from conveyor.spec.overrides import describe, parse_overrides, reads, write_overrides
 from conveyor.spec.project import Project, load_project, resolve_spec
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ ForceOption = Annotated[bool, typer.Option(
 DryRunOption = Annotated[bool, typer.Option("--dry-run", metavar="", help="Show what would run and why; run nothing.")]
 ProfileOption = Annotated[list[str] | None, typer.Option(
     "--profile", metavar="NAME=PROFILE", help="Swap a profile for this run (repeatable).")]
+SetParamOption = Annotated[list[str] | None, typer.Option(
+    "-S", "--set-param", metavar="KEY=VALUE",
+    help="Set a param in the params file, then run, as dvc exp run -S (repeatable; FILE:KEY=VALUE: another file).")]
 VerboseOption = Annotated[bool, typer.Option(
     "-v", "--verbose", metavar="", help="Also show what stages and their libraries print (always in the stage logs).")]
 
@@ -98,6 +102,7 @@ def run(
     force: ForceOption = False,
     dry_run: DryRunOption = False,
     profile: ProfileOption = None,
+    set_param: SetParamOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; unchanged stages are skipped.
@@ -105,28 +110,44 @@ def run(
     STAGE...: the stages to run, with their upstream (all when omitted).
     """
     project = _project(config)
+    changes = parse_overrides(set_param or [], project.root, project.params_path)
     targets = project.expand(stages or [])
     if single_item and not targets:
         raise UsageError("-s/--single-item runs only the stages you name: name at least one "
                          f"(stages: {', '.join(project.order)})")
     if single_item and downstream:
         raise UsageError("-s/--single-item and --downstream contradict each other: pass one of them")
-    overrides = _overrides(profile or [])
+    swaps = _overrides(profile or [])
     from conveyor.run.profiles import Profiles
 
-    Profiles(project.pipeline.profiles, overrides)  # unknown profile names: exit 2 before any work
+    Profiles(project.pipeline.profiles, swaps)  # unknown profile names: exit 2 before any work
     selected = dag.select(project.graph, targets, downstream=downstream, single=single_item)
     if dry_run:
         _recover_outs(project)
         from conveyor.cli.view import status_table
         from conveyor.dvc.record import stale
 
+        for change in changes:
+            readers = [s for s in project.order if s in selected and reads(project, s, change)]
+            also = f"; the stages that read it would run too: {', '.join(readers) or 'none'}" \
+                if project.dvc is None else ""  # a dvc.yaml's stages name their params for DVC only
+            err.print(f"-S would set {describe(change, project.root)} (not written: --dry-run){also}",
+                      highlight=False)
         out.print(status_table(stale(project, selected, force=force)))
         return
+    if changes:  # written as `dvc exp run -S` writes them, then the project is read again
+        from conveyor.workspace import run_lock
+
+        with run_lock(project.root):  # not while another run reads the file
+            write_overrides(changes)
+        for change in changes:
+            err.print(f"-S set {describe(change, project.root)}", highlight=False)
+        project = _project(config)
     from conveyor.run.record import new_run_id
     from conveyor.run.session import RunOptions, nothing_to_do, open_session
 
-    options = RunOptions(tuple(targets), downstream, force, overrides, single=single_item)
+    options = RunOptions(tuple(targets), downstream, force, swaps, single=single_item,
+                         overrides={c.shown: c.new for c in changes})
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary

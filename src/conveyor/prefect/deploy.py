@@ -28,6 +28,7 @@ from prefect.deployments.runner import RunnerDeployment
 from conveyor.errors import ConveyorError, DeployError
 from conveyor.prefect.retrain import retrain_plan
 from conveyor.run.session import RunOptions, check_options
+from conveyor.spec.overrides import parse_overrides
 from conveyor.spec.project import ensure_importable, load_project, resolve_spec
 from conveyor.spec.yamlmap import load_yaml
 
@@ -126,6 +127,7 @@ def _check_conveyor_params(root: Path, target: Flow[..., Any], params: Mapping[s
         return
     check_options(project, RunOptions(tuple(args.get("stages") or ()), bool(args.get("downstream")),
                                       bool(args.get("force")), dict(args.get("profile") or {})))
+    parse_overrides(args.get("set_params") or [], project.root, project.params_path)
 
 
 def schedules_of(entry: DeploymentEntry) -> list[Any]:

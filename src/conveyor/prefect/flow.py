@@ -31,12 +31,14 @@ from conveyor.errors import Interrupted, UsageError
 from conveyor.run import capture
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, StageRecord, new_run_id, now
+from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, now
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
 from conveyor.run.stage import StageRunner, redacted, short_error
 from conveyor.run.watchdog import stuck
+from conveyor.spec.overrides import describe, parse_overrides, write_overrides
 from conveyor.spec.project import Project, load_project, resolve_spec
+from conveyor.workspace import run_lock
 
 log = logging.getLogger("conveyor")
 # stages with no profile run in the runner's own process tree: as many at once as there are cores
@@ -247,11 +249,13 @@ def _summary_markdown(run: RunRecord) -> str:
 
 def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | None = None,
                downstream: bool = False, force: bool = False, profile: Mapping[str, str] | None = None,
-               single_item: bool = False, run_id: str | None = None) -> State[Any]:
+               single_item: bool = False, run_id: str | None = None,
+               set_params: Sequence[str] | None = None) -> State[Any]:
     """Inside a Prefect flow: run the pipeline of ``spec`` (or a selection), each stage a task run.
 
     ``stages``, ``downstream``, ``force``, ``profile`` and ``single_item`` mean what
-    ``conveyor run`` means by them; ``run_id`` names the run record (default: a new id).
+    ``conveyor run`` means by them, ``set_params`` (``["train.eta=0.3"]``) what its ``-S``
+    means; ``run_id`` names the run record (default: a new id).
     Returns the flow run's end state (Failed when a stage failed), carrying the run record.
     """
     prepared = _PREPARED.pop(run_id, None) if run_id else None
@@ -262,6 +266,14 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
         raise UsageError("single_item runs only the stages you name: pass stages")
     options = RunOptions(tuple(stages or ()), downstream, force, dict(profile or {}), single=single_item)
     check_options(project, options)
+    changes = parse_overrides(set_params or [], project.root, project.params_path)
+    if changes:  # written into the params file, as `conveyor run -S` and `dvc exp run -S` do
+        with run_lock(project.root):
+            write_overrides(changes)
+        for change in changes:
+            _warn(f"-S set {describe(change, project.root)}")
+        project = load_project(project.spec_path)
+        options = replace(options, overrides={c.shown: c.new for c in changes})
     options = replace(options, stages=tuple(project.expand(options.stages)))  # a matrix group: its items
     return final_state(run_in_flow(project, options, run_id))
 
@@ -271,10 +283,10 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
 def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
                   downstream: bool = False, force: bool = False,
                   profile: dict[str, str] | None = None, single_item: bool = False,
-                  run_id: str | None = None) -> State[Any]:
+                  run_id: str | None = None, set_params: list[str] | None = None) -> State[Any]:
     """Run a conveyor pipeline: :func:`run_stages` as a flow (``conveyor run`` runs this one)."""
     return run_stages(spec, stages=stages, downstream=downstream, force=force, profile=profile,
-                      single_item=single_item, run_id=run_id)
+                      single_item=single_item, run_id=run_id, set_params=set_params)
 
 
 def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None,
@@ -286,9 +298,8 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     if session is None:
         with open_session(project, options, warn=_warn) as opened:
             return run_in_flow(project, options, run_id, session=opened)
-    run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, flow_run_id=str(flow_run.id or ""),
-                    flow_run_url=_flow_run_url())
-    run.stages = {s: StageRecord() for s in project.order if s in session.selected}
+    run = begin(project, session.selected, run_id, options.overrides, flow_run_id=str(flow_run.id or ""),
+                flow_run_url=_flow_run_url())
     run.write(project.root)  # "running": if the run is killed, the next command settles it
     try:
         with RunView(list(run.stages)) as view:

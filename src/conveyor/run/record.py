@@ -17,19 +17,37 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.plan import dag
 from conveyor.run.logs import logs_dir
 from conveyor.run.schedule import Outcome
 from conveyor.workspace import STATE_DIR, replace_atomically, state_dir
 
+if TYPE_CHECKING:
+    from conveyor.spec.project import Project
+
 RUNNING = "running"  # a run's or a stage's status while it runs
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, SIGTERM, or killed (recorded by the next command)
+
+
+def begin(project: Project, selected: Iterable[str], run_id: str | None = None,
+          overrides: Mapping[str, Any] | None = None, **fields: Any) -> RunRecord:
+    """The record of a run of ``selected`` stages as it starts: every stage ``not_run`` yet, with
+    its matrix item, and the params its stages read as they are now (``conveyor compare`` shows them)."""
+    chosen = set(selected)
+    stages = [s for s in project.order if s in chosen]
+    params: dict[str, Any] = {}
+    for stage in stages:
+        params.update(project.stage_params(stage))
+    run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, spec=project.rel(project.spec_path),
+                    overrides=dict(overrides or {}), params=dict(sorted(params.items())), **fields)
+    run.stages = {s: StageRecord(item=project.item_of(s)) for s in stages}
+    return run
 
 
 def now() -> datetime:
@@ -54,6 +72,7 @@ class StageRecord:
     error: str | None = None
     trace: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # from its declared metrics files
+    item: dict[str, Any] | None = None  # the matrix item of this stage, if it has one
 
 
 @dataclass
@@ -66,6 +85,9 @@ class RunRecord:
     started: str = field(default_factory=lambda: now().isoformat())
     finished: str | None = None
     wall_s: float = 0.0
+    spec: str = ""  # the spec file, relative to the project root (``conveyor compare`` picks its runs)
+    overrides: dict[str, Any] = field(default_factory=dict)  # ``-S key=value`` of this run
+    params: dict[str, Any] = field(default_factory=dict)  # the declared params of its stages, as they ran
     stages: dict[str, StageRecord] = field(default_factory=dict)
     critical_path: list[str] = field(default_factory=list)
     critical_path_s: float = 0.0

@@ -27,7 +27,7 @@ from conveyor.plan.fingerprint import Record
 from conveyor.run.journal import RECOVERED, Journal
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import RunRecord, StageRecord, new_run_id, now, settle_killed_run
+from conveyor.run.record import RunRecord, begin, now, settle_killed_run
 from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project
 from conveyor.workspace import run_lock
@@ -46,6 +46,7 @@ class RunOptions:
     profiles: Mapping[str, str] = field(default_factory=dict)
     forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
     single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # -S key=value, already in the params file
 
     def selected(self, graph: dag.Graph) -> set[str]:
         return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
@@ -159,15 +160,13 @@ def nothing_to_do(session: RunSession, run_id: str | None = None) -> RunRecord:
     """The record of a run in which every selected stage is up to date: written, nothing started."""
     t0 = time.monotonic()
     project = session.project
-    run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline)
+    run = begin(project, session.selected, run_id, session.options.overrides)
     profiles = Profiles(project.pipeline.profiles, session.options.profiles)  # names only: nothing starts
     stamp = now().isoformat()
-    for stage in project.order:
-        if stage in session.selected:
-            run.stages[stage] = StageRecord(
-                status=Outcome.SKIPPED.value, reason=UP_TO_DATE, started=stamp, finished=stamp,
-                profile=_profile(profiles, project.pipeline.stages[stage].on),
-                metrics=stage_metrics(project.root, project.metrics_of(stage)))
+    for name, stage in run.stages.items():
+        stage.status, stage.reason, stage.started, stage.finished = Outcome.SKIPPED.value, UP_TO_DATE, stamp, stamp
+        stage.profile = _profile(profiles, project.pipeline.stages[name].on)
+        stage.metrics = stage_metrics(project.root, project.metrics_of(name))
     run.close(project.graph, time.monotonic() - t0)
     run.write(project.root)
     return run
