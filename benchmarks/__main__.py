@@ -18,10 +18,11 @@ from benchmarks import (
     parallel_branches,
     preprocess_workers,
     reference,
+    sweep,
 )
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
-                                                          dvc_repro, reference, noop, chain)}
+                                                          dvc_repro, reference, noop, chain, sweep)}
 
 
 def _log(line: str) -> None:

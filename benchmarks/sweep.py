@@ -1,0 +1,139 @@
+"""sweep: a 4-item matrix, `conveyor run` vs `dvc repro` of the dvc.yaml compiled from it.
+
+The sweep a user writes in conveyor's spec, one item per Dask worker::
+
+    fit:
+      cmd: python fit.py ${item.model} ${item.depth} out/${key}.json
+      on: cpu                        # dask: 2 workers, 1 thread each
+      matrix: {model: [lin, tree], depth: [2, 4]}
+
+Each item is real CPU work: ``fit.py`` fits a least-squares model by gradient descent in
+pure Python for a fixed number of steps (the same count on both sides: about 9 s of one
+core each, 1 s with ``--quick``), then writes its loss. `conveyor compile` writes the DVC
+``matrix:`` stage that `dvc repro` runs, one item after another; `conveyor run` runs the
+items at once, one per worker. Both sides are forced (``--force`` / ``-f``) in one
+project, alternating, so they do the same work from the same state; after every run
+`dvc status` must be clean and the items' outs the same. The bound on the ratio is the
+number of cores the items get (2 here), less conveyor's fixed costs (start-up, the
+workers' start), which weigh less the longer the items run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Config, Metric, Result, check, interleaved
+from benchmarks.prefect_server import PrefectServer
+from benchmarks.projects import cli, make_repo, median, run_record, server_env, timed_cli
+
+NAME = "sweep"
+DESCRIPTION = "a 4-item matrix of CPU-bound commands: conveyor run (one item per Dask worker) vs dvc repro"
+ITEMS = ["fit@lin-2", "fit@lin-4", "fit@tree-2", "fit@tree-4"]
+UP_TO_DATE = "Data and pipelines are up to date."
+
+FIT = '''\
+"""Fit y = a*x + b by gradient descent in pure Python (CPU work of a known size)."""
+import json, random, sys
+
+model, depth, out, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+rng = random.Random(f"{model}-{depth}")
+xs = [rng.random() for _ in range(200)]
+ys = [3 * x + 1 + rng.gauss(0, 0.1) * depth for x in xs]
+a = b = 0.0
+for _ in range(steps):
+    da = db = 0.0
+    for x, y in zip(xs, ys):
+        err = a * x + b - y
+        da += err * x
+        db += err
+    a -= 0.1 * da / len(xs)
+    b -= 0.1 * db / len(xs)
+loss = sum((a * x + b - y) ** 2 for x, y in zip(xs, ys)) / len(xs)
+json.dump({"loss": round(loss, 6), "a": round(a, 4), "b": round(b, 4)}, open(out, "w"))
+'''
+
+SPEC = """\
+pipeline: sweep
+profiles:
+  cpu: {{kind: dask, n_workers: 2, threads_per_worker: 1, memory_limit: 1GiB}}
+stages:
+  fit:
+    cmd: python fit.py ${{item.model}} ${{item.depth}} out/${{key}}.json {steps}
+    on: cpu
+    matrix:
+      model: [lin, tree]
+      depth: [2, 4]
+    deps: [fit.py]
+    metrics:
+      - out/${{key}}.json
+"""
+
+
+def _outs(root: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((root / "out").glob("*.json"))}
+
+
+def run(config: Config, log: Callable[[str], None]) -> Result:
+    steps = 15_000 if config.quick else 200_000
+    repeats = config.reps(full=3, quick=1)
+    scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-sweep-"))
+    root = scratch / "project"
+    try:
+        make_repo(root, {"fit.py": FIT, "configs/pipeline.yaml": SPEC.format(steps=steps),
+                         "pyproject.toml": "[project]\nname = 'sweep'\n", "out/.keep": ""}, dvc=True)
+        with PrefectServer() as server:
+            env = server_env(server)
+            cli(["conveyor", "compile"], root, env)
+            log(f"{NAME}: warm-up: one conveyor run (not counted)")
+            cli(["conveyor", "run"], root, env)
+            reference = _outs(root)
+            check(len(reference) == len(ITEMS), f"the warm-up wrote {sorted(reference)}, not {len(ITEMS)} outs")
+
+            def side(args: list[str]) -> Callable[[int], tuple[float, dict[str, Any]]]:
+                def once(_i: int) -> tuple[float, dict[str, Any]]:
+                    seconds, _ = timed_cli(args, root, env)
+                    check(UP_TO_DATE in cli(["dvc", "status"], root, env).stdout,
+                          f"`dvc status` is not clean after `{' '.join(args)}`")
+                    check(_outs(root) == reference, f"`{' '.join(args)}` wrote other outs than the warm-up")
+                    return seconds, run_record(root) if args[0] == "conveyor" else {}
+                return once
+
+            log(f"{NAME}: {repeats} interleaved repetitions")
+            base, cand = interleaved(repeats, side(["dvc", "repro", "-f"]), side(["conveyor", "run", "--force"]),
+                                     log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    records = [r for _, r in cand]
+    for record in records:
+        stages = record["stages"]
+        check(sorted(stages) == ITEMS and all(s["status"] == "succeeded" for s in stages.values()),
+              f"conveyor's record does not say the 4 items ran: { {n: s['status'] for n, s in stages.items()} }")
+    item_s = median([float(s["duration_s"]) for r in records for s in r["stages"].values()])
+    flow_s = median([float(r["wall_s"]) for r in records])
+    wall = Metric("wall of the command (s)", [s for s, _ in base], [s for s, _ in cand])
+    return Result(
+        name=NAME, description=DESCRIPTION,
+        baseline="`dvc repro -f` of the compiled dvc.yaml (one item at a time)",
+        candidate="`conveyor run --force` (items at once, one per Dask worker)",
+        repeats=repeats, metrics=[wall],
+        setup={"matrix": "fit: model [lin, tree] x depth [2, 4]: 4 cmd items on a dask profile (2 workers, 1 thread)",
+               "work": f"each item: pure-Python gradient descent, {steps} steps over 200 points",
+               "prefect": "one `prefect server start` on 127.0.0.1 started before the measurements",
+               "cores": str(os.cpu_count())},
+        checks=["every run exited 0", f"after every run `dvc status` printed {UP_TO_DATE!r}",
+                "every run wrote the same 4 outs as the warm-up, byte for byte",
+                "conveyor's run record: the 4 items succeeded"],
+        notes=[f"an item took a median {item_s:.2f} s in conveyor's record (from its start to its end, waiting "
+               "for a free worker included)",
+               f"conveyor's flow (its record's wall_s: from the first stage to the last) took a median {flow_s:.2f} s; "
+               "the rest of its wall is start-up and shut-down: the interpreter, imports, loading the spec and "
+               "DVC's status, starting the 2-worker LocalCluster, the flow run, stopping the cluster",
+               f"dvc repro median {median(wall.baseline):.2f} s, conveyor median {median(wall.candidate):.2f} s",
+               f"outs: {json.dumps(reference)[:200]}"],
+    )
