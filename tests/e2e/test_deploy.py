@@ -342,12 +342,15 @@ def _wait_polled(project: Project, proc: subprocess.Popen[bytes], log: Path, sin
 @pytest.mark.slow
 def test_a_served_pipeline_deployment_run_completes_with_its_summary(served: Served) -> None:
     project = served.project
-    flow_run_id = deployment_run(project, PIPELINE)
+    # set_params: what `conveyor run -S` does, from a deployment run's parameters
+    flow_run_id = deployment_run(project, PIPELINE, 'set_params=["train.depth=4"]')
     run = wait_final(project, flow_run_id)
     assert run.state.is_completed(), f"{run.state.message}\n{served.log.read_text()[-3000:]}"
     assert run.name.startswith("toy-")
     record = project.record()
     assert (record["status"], record["flow_run_id"]) == ("succeeded", flow_run_id)
+    assert record["overrides"] == {"train.depth": 4}
+    assert yaml.safe_load((project.root / "params.yaml").read_text())["train"]["depth"] == 4
     summary = artifacts(project, flow_run_id)["conveyor-run-summary"]
     assert summary.startswith("# toy: succeeded") and "| ingest |" in summary
 
@@ -435,6 +438,7 @@ def test_deployment_parameters_that_fail_validation_are_rejected_before_anything
     book_before = book.read_text() if book.exists() else None
     for name, param, message in [
         (PIPELINE, 'stages=["trian"]', "unknown stage(s): trian (did you mean 'train'?)"),
+        (PIPELINE, 'set_params=["train.dept=4"]', "params.yaml has no key 'train.dept' (did you mean 'train.depth'?)"),
         (RETRAIN, "metric=metrics/nope.json:auc",
          "metric file 'metrics/nope.json' is not written by any stage of configs/pipeline.yaml"),
     ]:
