@@ -52,7 +52,8 @@ def one_line_usage_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["runn"], r"^conveyor: No such command 'runn'\. Did you mean 'run'\?"),
+    (["runn"], r"^conveyor: No such command 'runn'\. Did you mean 'run', 'runs'\?"),
+    (["comapre"], r"^conveyor: No such command 'comapre'\. Did you mean 'compare', 'compile'\?"),
     (["run", "--forse"], r"^conveyor run: No such option: --forse \(did you mean '--force'\?\)"),
     (["status", "--exit-cod"], r"^conveyor status: No such option: --exit-cod \(did you mean '--exit-code'\?\)"),
     (["dag", "--format", "png"], r"^conveyor dag: .*'png' is not one of 'text', 'mermaid', 'dot'"),

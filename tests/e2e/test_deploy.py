@@ -351,8 +351,13 @@ def test_a_served_pipeline_deployment_run_completes_with_its_summary(served: Ser
     assert (record["status"], record["flow_run_id"]) == ("succeeded", flow_run_id)
     assert record["overrides"] == {"train.depth": 4}
     assert yaml.safe_load((project.root / "params.yaml").read_text())["train"]["depth"] == 4
-    summary = artifacts(project, flow_run_id)["conveyor-run-summary"]
+    found = artifacts(project, flow_run_id)
+    summary = found["conveyor-run-summary"]
     assert summary.startswith("# toy: succeeded") and "| ingest |" in summary
+    # the rows of `conveyor compare RUN`: params as they ran (* set for this run), then metrics
+    assert json.loads(found["conveyor-run-params-metrics"]) == [{
+        "run": record["run_id"], "item": "-", "evaluate.auc": "0.8", "ingest.source": "source.txt",
+        "train.depth": "4*", "train.fail": "false", "evaluate:stack.auc": "0.8", "evaluate:stack.loss": "0.2"}]
 
 
 @pytest.mark.slow
@@ -365,7 +370,8 @@ def test_retraining_promotes_only_a_better_challenger_and_a_failure_keeps_the_ch
         run = wait_final(project, flow_run_id)
         assert run.state.is_completed() is completed, f"{run.state.message}\n{served.log.read_text()[-3000:]}"
         assert run.name.startswith("toy-retrain-")
-        assert set(artifacts(project, flow_run_id)) == {"conveyor-run-summary", "conveyor-promotion"}
+        assert set(artifacts(project, flow_run_id)) == {"conveyor-run-summary", "conveyor-run-params-metrics",
+                                                        "conveyor-promotion"}
         return flow_run_id, registry(project)
 
     # The first challenger becomes champion; the model is copied aside, versions recorded.

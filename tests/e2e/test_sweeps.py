@@ -124,6 +124,7 @@ def test_a_matrix_runs_its_items_at_once_and_reruns_what_an_override_changes(
         <= stages["pick"]["started"]
     assert (project.root / "runs/b-2.txt").read_text() == "b 2\n"
     assert not project.left_running()
+    first = record["run_id"]
 
     # -S sets the param in params.yaml as `dvc exp run -S` does: the items reading it rerun
     again = project.conveyor("run", "-S", "train.rounds=20")
@@ -136,6 +137,14 @@ def test_a_matrix_runs_its_items_at_once_and_reruns_what_an_override_changes(
     assert record["stages"]["train@0.1-2"]["reason"] == "params changed: train.rounds 10 → 20"
     assert record["stages"]["train@0.3-4"]["metrics"] == {"score": 24.0}
     assert (project.root / "params.yaml").read_text() == "train:\n  rounds: 20  # boosting rounds\n"
+
+    # compare: each item's metric in both runs, a row per item, the value set with -S marked
+    shown = project.conveyor("compare", first, record["run_id"], "--plot", "compare.html")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    item_rows = [line.split()[2:] for line in shown.stdout.splitlines() if "train@0.3-4" in line]
+    assert item_rows == [["10", "0.3", "4", "12"], ["20*", "0.3", "4", "24"]], shown.stdout
+    page = (project.root / "compare.html").read_text()
+    assert "train:score" in page and first in page and "<svg" in page
 
     bad = project.conveyor("run", "-S", "train.round=5")
     assert bad.returncode == 2

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from prefect import State, flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from conveyor.cli.history import artifact_rows
 from conveyor.cli.view import RunView
 from conveyor.errors import Interrupted, UsageError
 from conveyor.run import capture
@@ -311,6 +312,8 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
         run.write(project.root)
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
+    create_table_artifact(artifact_rows(run), key="conveyor-run-params-metrics",  # = `conveyor compare RUN`
+                          description=f"params and metrics of conveyor run {run.run_id}")
     return run
 
 

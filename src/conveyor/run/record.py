@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from conveyor.errors import redact
 from conveyor.plan import dag
 from conveyor.run.logs import logs_dir
 from conveyor.run.schedule import Outcome
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 RUNNING = "running"  # a run's or a stage's status while it runs
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, SIGTERM, or killed (recorded by the next command)
+_V = TypeVar("_V")
 
 
 def begin(project: Project, selected: Iterable[str], run_id: str | None = None,
@@ -45,9 +47,21 @@ def begin(project: Project, selected: Iterable[str], run_id: str | None = None,
     for stage in stages:
         params.update(project.stage_params(stage))
     run = RunRecord(run_id or new_run_id(), project.pipeline.pipeline, spec=project.rel(project.spec_path),
-                    overrides=dict(overrides or {}), params=dict(sorted(params.items())), **fields)
-    run.stages = {s: StageRecord(item=project.item_of(s)) for s in stages}
+                    overrides=_redacted(dict(overrides or {})),
+                    params=_redacted(dict(sorted(params.items()))), **fields)
+    run.stages = {s: StageRecord(item=_redacted(project.item_of(s))) for s in stages}
     return run
+
+
+def _redacted(value: _V) -> _V:
+    """``value`` with the credentials of every URL in its strings replaced (a source list is a param)."""
+    if isinstance(value, str):
+        return cast(_V, redact(value))
+    if isinstance(value, dict):
+        return cast(_V, {k: _redacted(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return cast(_V, [_redacted(v) for v in value])
+    return value
 
 
 def now() -> datetime:

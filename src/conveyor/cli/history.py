@@ -1,0 +1,345 @@
+"""Past runs side by side: ``conveyor runs`` and ``conveyor compare`` (SPEC.md section 4).
+
+Everything here is read from the run records (``.conveyor/runs/<run_id>.json``, section 5);
+nothing is run, imported from the project or asked of Prefect. A record that cannot be read
+(corrupt JSON, a field of the wrong type) is left out, never fatal.
+
+``compare`` lays runs out as ``dvc exp show`` does: a row per run, its params, then its
+metrics, one column per ``stage:metric``. A matrix item (``train@0.1-6``) gets a row of its
+own under its run, its values as ``item.*`` params and its metrics under its group's name
+(``train:acc``), so the same item of two runs lines up in the same columns::
+
+                             train.   item.   item.   evaluate:   train:
+    run                      rounds     eta   depth         auc      acc
+    20261124T100000-aaaaaa      100       -       -         0.9        -     the run: evaluate's metric
+    ├ train@0.1-6               100     0.1       6           -      0.6     its items
+    └ train@0.3-6               100     0.3       6           -      1.8
+
+    20261124T100500-bbbbbb     200*       -       -        0.91        -     * set with -S in that run
+
+A run's own row appears when it has no matrix items or has metrics of other stages. When a
+row per run is wider than the terminal and the table turned is narrower, it is shown turned
+(a row per param and metric, a column per run or item). :func:`rows_of` builds the rows
+once, for the table, the ``--plot`` page (:mod:`conveyor.cli.chart`) and the Prefect table
+artifact of a run (:func:`artifact_rows`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from conveyor.cli.view import STYLE
+from conveyor.errors import UsageError, redact
+from conveyor.run.record import RunRecord, StageRecord
+from conveyor.run.schedule import Outcome
+from conveyor.spec.matrix import JOIN
+from conveyor.workspace import STATE_DIR
+
+MISSING = "-"  # a value a run (or item) does not have
+MARK = "*"  # after a param value set with -S in that run
+ITEM = "item."  # the prefix of a matrix item's values among the params
+RAN = (Outcome.SUCCEEDED.value, Outcome.FAILED.value, "interrupted")  # statuses of stages that ran
+
+_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
+_STAGE_FIELDS = frozenset(f.name for f in fields(StageRecord))
+_DICTS = {"overrides", "params", "stages"}  # run fields that must be mappings to be read
+
+
+# ------------------------------------------------------------------- reading records
+
+def runs_dir(root: Path) -> Path:
+    return root / STATE_DIR / "runs"  # not record_path's: reading past runs makes no directory
+
+
+def load_runs(root: Path) -> tuple[list[RunRecord], list[Path]]:
+    """Every readable run record of the project, oldest first, and the files that could not be read."""
+    runs: list[RunRecord] = []
+    unreadable: list[Path] = []
+    folder = runs_dir(root)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.name == "latest.json":  # a copy of the last run's record
+            continue
+        try:
+            runs.append(parse_record(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, TypeError, AttributeError):
+            unreadable.append(path)
+    return sorted(runs, key=lambda r: (_started(r), r.run_id)), unreadable
+
+
+def parse_record(data: Any) -> RunRecord:
+    """A record from its JSON, ignoring fields this version does not know; ValueError when it is
+    not a record (a run id that is no string, metrics that are no mapping)."""
+    if not isinstance(data, dict) or not isinstance(data.get("run_id"), str) or \
+            any(not isinstance(data.get(k, {}), dict) for k in _DICTS):
+        raise ValueError("not a run record")
+    body = {k: v for k, v in data.items() if k in _RUN_FIELDS}
+    body["stages"] = {name: {k: v for k, v in stage.items() if k in _STAGE_FIELDS}
+                      for name, stage in body.get("stages", {}).items()}
+    run = RunRecord.from_dict(body)
+    if not (isinstance(run.status, str) and isinstance(run.started, str) and _number(run.wall_s)) or \
+            any(not isinstance(s.metrics, dict) or not isinstance(s.item, dict | None) for s in run.stages.values()):
+        raise ValueError("not a run record")
+    return run
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _started(run: RunRecord) -> datetime:
+    try:
+        when = datetime.fromisoformat(run.started)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def of_spec(runs: Iterable[RunRecord], spec: str, *, default: bool) -> list[RunRecord]:
+    """The runs of the spec ``spec`` (relative to the root); records older than the ``spec``
+    field (``""``) count as runs of the default spec."""
+    return [r for r in runs if r.spec == spec or (default and not r.spec)]
+
+
+def pick(wanted: Sequence[str], runs: Sequence[RunRecord], others: Sequence[RunRecord]) -> list[RunRecord]:
+    """The runs named by ``wanted`` (ids or unique prefixes), in that order; one UsageError for
+    every id that names none, or several, of ``runs`` (``others``: the runs of other specs)."""
+    found: list[RunRecord] = []
+    problems: list[str] = []
+    for name in dict.fromkeys(wanted):
+        matches = _matching(name, runs)
+        if len(matches) == 1:
+            found.append(matches[0])
+        elif matches:
+            problems.append(f"run '{name}' is ambiguous: it starts {len(matches)} run ids "
+                            f"({', '.join(r.run_id for r in matches[:3])}{', ...' if len(matches) > 3 else ''})")
+        else:
+            problems.append(_unknown(name, runs, others))
+    if problems:
+        raise UsageError("; ".join(problems))
+    return found
+
+
+def _matching(name: str, runs: Sequence[RunRecord]) -> list[RunRecord]:
+    exact = [r for r in runs if r.run_id == name]
+    return exact or [r for r in runs if r.run_id.startswith(name)]
+
+
+def _unknown(name: str, runs: Sequence[RunRecord], others: Sequence[RunRecord]) -> str:
+    elsewhere = _matching(name, others)
+    if len(elsewhere) == 1:
+        spec = elsewhere[0].spec
+        return f"run '{name}' is a run of {spec}: pass -c {spec}" if spec else \
+            f"run '{name}' is a run of the default spec: leave out -c"
+    ids = [r.run_id for r in runs]
+    close = difflib.get_close_matches(name, ids, n=3, cutoff=0.5)
+    if close:
+        return f"unknown run '{name}' (close: {', '.join(close)})"
+    latest = ", ".join(reversed(ids[-3:]))
+    return f"unknown run '{name}'" + (f" (latest: {latest}; `conveyor runs` lists them)" if ids else
+                                      " (no runs of this spec yet)")
+
+
+# ------------------------------------------------------------------- conveyor runs
+
+def runs_table(runs: Sequence[RunRecord]) -> Table:
+    """``conveyor runs``: one line per run, in the order given; ``ran`` counts failed stages too."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("run", "started", "status", "wall", "ran", "skipped", "failed", "overrides"):
+        table.add_column(name, justify="right" if name in ("wall", "ran", "skipped", "failed") else "left")
+    for run in runs:
+        states = [s.status for s in run.stages.values()]
+        table.add_row(run.run_id, local_time(run.started), _status(run.status), f"{run.wall_s:.1f}s",
+                      str(sum(s in RAN for s in states)), str(states.count(Outcome.SKIPPED.value)),
+                      str(states.count(Outcome.FAILED.value)),
+                      " ".join(f"{k}={fmt(v)}" for k, v in run.overrides.items()))
+    return table
+
+
+def natural_width(table: Table) -> int:
+    """How wide ``table`` is with nothing wrapped or cut: a run id must stay whole to be copied."""
+    return Console(width=10_000, file=io.StringIO()).measure(table).maximum
+
+
+def local_time(iso: str) -> str:
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M")
+    except (TypeError, ValueError):
+        return str(iso)
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=STYLE.get(status, ""))
+
+
+# ------------------------------------------------------------------- conveyor compare
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of ``conveyor compare``: a run, or one matrix item of a run (``item`` its stage)."""
+
+    run_id: str
+    item: str  # the matrix item's stage (train@0.1-6); "" for the run's own row
+    params: Mapping[str, Any]  # dotted key -> value, the item's values as item.<key>
+    overridden: frozenset[str]  # the params set with -S in this run
+    metrics: Mapping[str, float]  # stage:metric -> value; an item's under its group's name
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    params: tuple[str, ...]
+    metrics: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("run", "item", *self.params, *self.metrics)
+
+
+def rows_of(runs: Sequence[RunRecord]) -> list[Row]:
+    """The rows comparing ``runs``, in their order: each run's own row (when it has no matrix
+    items or has metrics of other stages), then a row per item of a matrix that has metrics."""
+    measured = {_group(n) for r in runs for n, s in r.stages.items() if s.item is not None and s.metrics}
+    rows: list[Row] = []
+    for run in runs:
+        params = flatten(run.params)
+        params.update({k: v for k, v in run.overrides.items() if k not in params})  # a key of another params file
+        marked = frozenset(k for k in params if any(k == o or k.startswith(f"{o}.") for o in run.overrides))
+        plain = {f"{n}:{k}": v for n, s in run.stages.items() if s.item is None for k, v in s.metrics.items()
+                 if _number(v)}
+        items = [(n, s) for n, s in run.stages.items() if s.item is not None and _group(n) in measured]
+        if plain or not items:
+            rows.append(Row(run.run_id, "", params, marked, plain))
+        for name, stage in items:
+            values = {**params, **flatten(stage.item or {}, ITEM.rstrip("."))}
+            metrics = {f"{_group(name)}:{k}": v for k, v in stage.metrics.items() if _number(v)}
+            rows.append(Row(run.run_id, name, values, marked, metrics))
+    return rows
+
+
+def _group(stage: str) -> str:
+    return stage.partition(JOIN)[0]
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"eta": 0.1}}`` as ``{"train.eta": 0.1}``: a param section as its leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def columns_of(rows: Iterable[Row]) -> Columns:
+    """Params (a run's, then items' values) and metrics, each in the order they first appear."""
+    params: dict[str, None] = {}
+    items: dict[str, None] = {}
+    metrics: dict[str, None] = {}
+    for row in rows:
+        for key in row.params:
+            (items if key.startswith(ITEM) else params)[key] = None
+        metrics.update(dict.fromkeys(row.metrics))
+    return Columns((*params, *items), tuple(metrics))
+
+
+def cells(row: Row, columns: Columns) -> list[str]:
+    """A row as text, in the order of ``columns.names``: ``-`` for what it does not have."""
+    params = [fmt(row.params[k]) + (MARK if k in row.overridden else "") if k in row.params else MISSING
+              for k in columns.params]
+    metrics = [fmt(row.metrics[k]) if k in row.metrics else MISSING for k in columns.metrics]
+    return [row.run_id, row.item or MISSING, *params, *metrics]
+
+
+def fmt(value: Any) -> str:
+    """A param or metric value as the table shows it: floats to 4 significant digits, URLs without credentials."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return str(value)
+    return redact(value if isinstance(value, str) else json.dumps(value, default=str))  # a source URL's password
+
+
+def compare_table(rows: Sequence[Row], title: str = "", width: int = 80) -> Table:
+    """``conveyor compare``: a row per run or item (``dvc exp show``) when that fits in ``width``
+    columns, else whichever is narrower of it and the same table turned (a row per param and
+    metric, a column per run or item): what a pipeline with many metrics needs."""
+    wide, turned = _wide(rows, title), _turned(rows, title)
+    need = natural_width(wide)
+    return wide if need <= width or need <= natural_width(turned) else turned
+
+
+def _wide(rows: Sequence[Row], title: str) -> Table:
+    """A row per run, its items under it: params (yellow), then metrics (cyan), each header on
+    two lines (``train.`` over ``eta``) to keep the columns narrow."""
+    columns = columns_of(rows)
+    table = _titled(rows, title)
+    table.add_column("run", no_wrap=True)
+    for key in columns.params:
+        table.add_column(_header(key, "."), header_style="bold yellow", justify="right")
+    for key in columns.metrics:
+        table.add_column(_header(key, ":"), header_style="bold cyan", justify="right")
+    blank = [""] * (len(columns.params) + len(columns.metrics))
+    with_items = any(r.item for r in rows)  # then a blank line after each run's rows
+    for i, row in enumerate(rows):
+        first = i == 0 or rows[i - 1].run_id != row.run_id
+        last = i == len(rows) - 1 or rows[i + 1].run_id != row.run_id
+        if first and row.item:  # a run whose rows are all items: its id heads them
+            table.add_row(row.run_id, *blank)
+        name = f"{'└' if last else '├'} {row.item}" if row.item else row.run_id
+        table.add_row(name, *cells(row, columns)[2:], end_section=last and with_items)
+    return table
+
+
+def _header(key: str, sep: str) -> str:
+    """``train.eta`` as ``train.`` over ``eta``; ``evaluate:xgb.auc`` as ``evaluate:`` over ``xgb.auc``."""
+    head, found, tail = key.rpartition(sep) if sep == "." else key.partition(sep)
+    return f"{head}{found}\n{tail}" if found and head and tail else key
+
+
+def _turned(rows: Sequence[Row], title: str) -> Table:
+    """A row per param, then per metric; a column per run or item. Values that differ are bold."""
+    columns = columns_of(rows)
+    table = _titled(rows, title)
+    table.add_column("", no_wrap=True)
+    for row in rows:
+        table.add_column(f"{row.run_id}\n{row.item}" if row.item else row.run_id, justify="right",
+                         overflow="fold")
+    text = [cells(row, columns)[2:] for row in rows]
+    for i, key in enumerate((*columns.params, *columns.metrics)):
+        values = [t[i] for t in text]
+        differ = len({v.rstrip(MARK) for v in values}) > 1
+        table.add_row(Text(key, style="yellow" if i < len(columns.params) else "cyan"),
+                      *(Text(v, style="bold" if differ else "") for v in values),
+                      end_section=i == len(columns.params) - 1)
+    return table
+
+
+def _titled(rows: Sequence[Row], title: str) -> Table:
+    caption = f"{MARK} set with -S in that run" if any(r.overridden for r in rows) else None
+    return Table(title=title or None, title_justify="left", caption=caption, caption_justify="left",
+                 box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+
+
+def artifact_rows(run: RunRecord) -> list[dict[str, str]]:
+    """The rows of ``conveyor compare RUN`` for one run, as a Prefect table artifact takes them."""
+    rows = rows_of([run])
+    columns = columns_of(rows)
+    return [dict(zip(columns.names, cells(row, columns), strict=True)) for row in rows]
