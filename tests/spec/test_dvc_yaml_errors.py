@@ -29,7 +29,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("dvc_yaml", "placement", "expected"), [
     ("stages:\n  a:\n    cmd: echo ${nope}\n", None, "dvc.yaml:3 stages.a.cmd: Could not find 'nope'"),
     ("stages:\n  a:\n    cmd: echo hi\n    outz: [x]\n", None, "dvc.yaml:4 stages.a.outz: unknown key 'outz'"),
-    ("stages:\n  a:\n    cmd: [echo hi\n", None, "dvc.yaml:4 not valid YAML: did not find expected ',' or ']'"),
+    # the problem is ruamel's words, which differ with and without its C loader (optional since 0.19)
+    ("stages:\n  a:\n    cmd: [echo hi\n", None, "dvc.yaml:4 not valid YAML: "),
     ("stages:\n  a:\n    cmd: echo hi\n    outs: [/tmp/elsewhere.txt]\n", None,
      "stages.a.outs: '/tmp/elsewhere.txt' lies outside the repository"),
     ("stages:\n  a:\n    cmd: echo a\n    outs: [x]\n  b:\n    cmd: echo b\n    outs: [x]\n", None,
