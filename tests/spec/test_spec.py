@@ -80,7 +80,7 @@ def test_unknown_top_level_key_without_a_close_one_lists_the_allowed_keys(projec
         colour: red
     """)
     issue = only_issue(spec_error(
-        spec, r"colour: unknown key 'colour'; allowed: params, pipeline, profiles, stages, task_packages$"))
+        spec, r"colour: unknown key 'colour'; allowed: model, params, pipeline, profiles, stages, task_packages$"))
     assert (issue.line, issue.key) == (4, "colour")
 
 

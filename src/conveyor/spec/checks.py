@@ -92,6 +92,8 @@ def check_references(doc: LoadedYaml, raw: Mapping[str, Any], params: Mapping[st
         context.check_stage(name, body)
     for pname, body in profiles.items():
         context.check_fallback(pname, body)
+    if isinstance(raw.get("model"), dict):
+        context.check_model(raw["model"], raw)
     return context.issues
 
 
@@ -142,6 +144,28 @@ class _References:
                 problem = f"'{wdir}' is not a directory of the project (a cmd runs in it)"
             if problem:
                 self.issue(("stages", name, "wdir"), problem)
+
+    def check_model(self, body: dict[str, Any], raw: Mapping[str, Any]) -> None:
+        """The model's files are outs of stages (a model is what the pipeline makes), its
+        functions are the project's."""
+        written = [path for _, stage in stages_of(raw) for kind in ("outs", "metrics")
+                   for _, path in declared_paths(stage, kind)]
+        files = body.get("files")
+        for name, path in (files.items() if isinstance(files, dict) else []):
+            if not isinstance(path, str):
+                continue
+            problem = path_problem(path)
+            if problem is None and not any(path == w or path.startswith(w.rstrip("/") + "/") for w in written):
+                problem = f"'{path}' is not written by any stage (an out, or a file in one): a model is what " \
+                          "the pipeline makes"
+            if problem:
+                self.issue(("model", "files", name), problem)
+        for key in ("predict", "load"):
+            ref = body.get(key)
+            if isinstance(ref, str) and ":" in ref:
+                problem = task_problem(self.root, ref, self.packages)
+                if problem:
+                    self.issue(("model", key), problem.replace("task '", "function '"))
 
     def check_fallback(self, pname: str, body: Any) -> None:
         fallback = body.get("fallback") if isinstance(body, dict) else None

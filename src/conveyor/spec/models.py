@@ -274,6 +274,52 @@ class Stage(Model):
         return (self.task or "").partition(":")[2]
 
 
+class ModelSpec(Model):
+    """How the project's model predicts (SPEC.md §2.4): ``conveyor predict`` and ``serve-model``.
+
+    ``files`` name the outs that make up the model (its version is their hash); ``features``
+    the input columns, in order: a list, or ``FILE:KEY`` (a JSON list in one of those files).
+    ``load(files) -> model`` runs once per version; ``predict(model, rows) -> scores``, one per row
+    (without ``load`` it gets the files, name -> path).
+    """
+
+    files: dict[str, str]
+    features: str | tuple[str, ...]
+    predict: str
+    load: str | None = None
+    id: str | None = None  # the input's id column, copied to the scores predict writes
+    registry: str = "models/registry.json"  # where retraining records the champion
+
+    @field_validator("files")
+    @classmethod
+    def _some_files(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("name the outs that make up the model (name: path)")
+        bad = [n for n in value if not NAME.match(n)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))}: a name starts with a letter and holds only letters, "
+                             "digits, _ and -")
+        return value
+
+    @field_validator("predict", "load")
+    @classmethod
+    def _function_ref(cls, value: str | None) -> str | None:
+        if value is not None and not TASK_REF.match(value):
+            raise ValueError(f"'{value}' is not a function: write it as module:function")
+        return value
+
+    @model_validator(mode="after")
+    def _features_known(self) -> ModelSpec:
+        if isinstance(self.features, str):
+            path, sep, key = self.features.rpartition(":")
+            if not sep or not key or path not in self.files.values():
+                raise ValueError(f"features '{self.features}': give the columns as a list, or as FILE:KEY "
+                                 f"where FILE is one of the model's files ({', '.join(self.files.values())})")
+        elif not self.features or len(set(self.features)) != len(self.features):
+            raise ValueError("features: the input columns, each once")
+        return self
+
+
 class Pipeline(Model):
     """A whole spec file."""
 
@@ -282,6 +328,7 @@ class Pipeline(Model):
     task_packages: tuple[str, ...] = ("tasks",)
     profiles: dict[str, Profile] = Field(default_factory=dict)
     stages: dict[str, Stage]
+    model: ModelSpec | None = None
 
     @field_validator("stages")
     @classmethod
@@ -398,6 +445,8 @@ def _allowed_keys(parent: tuple[str | int, ...], data: Any) -> list[str]:
         return list(DvcPipeline.model_fields if "dvc" in data else Pipeline.model_fields)
     if parent[0] == "placement" and len(parent) == 2:
         return list(Placement.model_fields)
+    if parent == ("model",):
+        return list(ModelSpec.model_fields)
     if parent[0] == "stages" and len(parent) == 2:
         written = [field.alias or name for name, field in Stage.model_fields.items()]
         return written if "@" in str(parent[1]) else [*written, "matrix"]  # an item's matrix is spent
