@@ -37,9 +37,7 @@ def model_probabilities(
     features: pd.DataFrame, xgb_path: Path, mlp_path: Path, stack_path: Path
 ) -> dict[str, npt.NDArray[np.float64]]:
     """P(label = 1) of each model, keyed by the names used in metrics/test.json."""
-    base = models.base_probabilities(features, xgb_path, mlp_path)
-    named = {name: base[:, i] for i, name in enumerate(models.BASE_MODELS)}
-    return {**named, "stack": models.predict_stack(stack_path, base)}
+    return models.Ensemble.load(xgb_path, mlp_path, stack_path).probabilities(features)
 
 
 def score(label: npt.NDArray[np.int64], probability: npt.NDArray[np.float64], *, threshold: float) -> dict[str, float]:

@@ -71,10 +71,13 @@ def load_xgb(path: Path) -> xgb.Booster:
 
 def predict_xgb(path: Path, features: pd.DataFrame) -> Probabilities:
     """P(label = 1) from a saved booster (already cut at its best round)."""
+    return xgb_probabilities(load_xgb(path), features)
+
+
+def xgb_probabilities(booster: xgb.Booster, features: pd.DataFrame) -> Probabilities:
     import numpy as np
     import xgboost as xgb
 
-    booster = load_xgb(path)
     matrix = xgb.DMatrix(features, feature_names=list(features.columns))
     return np.asarray(booster.predict(matrix), dtype=np.float64)
 
@@ -121,10 +124,13 @@ def load_mlp(path: Path) -> tuple[torch.nn.Sequential, list[str]]:
 
 def predict_mlp(path: Path, features: pd.DataFrame) -> Probabilities:
     """P(label = 1) from a saved MLP."""
+    return mlp_probabilities(*load_mlp(path), features)
+
+
+def mlp_probabilities(model: torch.nn.Sequential, order: list[str], features: pd.DataFrame) -> Probabilities:
     import numpy as np
     import torch
 
-    model, order = load_mlp(path)
     inputs = torch.tensor(features[order].to_numpy(dtype=np.float32))
     with torch.no_grad():
         logits = model(inputs).squeeze(1)
@@ -157,12 +163,34 @@ def save_stack(path: Path, coef: list[float], intercept: float, extra: dict[str,
     path.write_text(json.dumps({**body, **extra}, indent=2) + "\n")
 
 
-def predict_stack(path: Path, probabilities: Probabilities) -> Probabilities:
-    """P(label = 1) from the stack, given :func:`base_probabilities`."""
+def stack_probabilities(saved: dict[str, Any], probabilities: Probabilities) -> Probabilities:
+    """P(label = 1) from the stack (its saved JSON), given :func:`base_probabilities`."""
     import numpy as np
 
-    saved = json.loads(path.read_text())
     weights = np.asarray(saved["coef"], dtype=np.float64)
     margin = stack_inputs(probabilities) @ weights + float(saved["intercept"])
     result: Probabilities = 1.0 / (1.0 + np.exp(-margin))
     return result
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """The three models, loaded once: what evaluate, ``conveyor predict`` and ``serve-model`` score with."""
+
+    booster: xgb.Booster
+    mlp: torch.nn.Sequential
+    mlp_features: list[str]
+    stack: dict[str, Any]
+
+    @classmethod
+    def load(cls, xgb_path: Path, mlp_path: Path, stack_path: Path) -> Ensemble:
+        return cls(load_xgb(xgb_path), *load_mlp(mlp_path), json.loads(stack_path.read_text()))
+
+    def probabilities(self, features: pd.DataFrame) -> dict[str, Probabilities]:
+        """P(label = 1) of each model, keyed by the names used in metrics/test.json."""
+        import numpy as np
+
+        base = np.column_stack([xgb_probabilities(self.booster, features),
+                                mlp_probabilities(self.mlp, self.mlp_features, features)])
+        named = {name: base[:, i] for i, name in enumerate(BASE_MODELS)}
+        return {**named, "stack": stack_probabilities(self.stack, base)}

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 SPLITS = ("train", "valid", "test")
 SPLIT_COLUMN = "split"
 DDOF = 1  # sample standard deviation, as pandas' default
+SCALED_LIMIT = 1e6  # standard deviations a scaled value is clipped to; the train split lies within a few dozen
 _BINS = 1 << 16  # histogram resolution of the split key when locating per-class cut points
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
@@ -256,8 +257,17 @@ def _tag_split(part: pd.DataFrame, label: str, seed: int, thresholds: dict[Any, 
 
 def _standardise_part(part: pd.DataFrame, features: list[str], mean: pd.Series, std: pd.Series) -> pd.DataFrame:
     """Impute and scale the feature columns of one partition."""
-    scaled = (part[features].fillna(mean[features]) - mean[features]) / std[features]
+    scaled = standardise_rows(part, features, mean, std)
     return part.assign(**{column: scaled[column] for column in features})
+
+
+def standardise_rows(rows: pd.DataFrame, features: list[str], mean: pd.Series, std: pd.Series) -> pd.DataFrame:
+    """The feature columns of ``rows``, missing values imputed with the train mean, centred and
+    scaled by the train std: what the models were trained on (predict applies it to raw rows).
+    Values beyond :data:`SCALED_LIMIT` standard deviations are clipped to it: float32 models
+    (xgboost, torch) would otherwise see infinities where an absurd raw value overflows."""
+    scaled = (rows[features].fillna(mean[features]) - mean[features]) / std[features]
+    return scaled.clip(-SCALED_LIMIT, SCALED_LIMIT)
 
 
 def _summary(
