@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import psutil
 import pytest
 
@@ -98,4 +100,59 @@ def reference_project(make_project: Callable[[], Project]) -> Project:
     for rel in ("configs", "tasks"):
         shutil.copytree(REPO / rel, project.root / rel, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "params.yaml", project.root / "params.yaml")
+    return project
+
+
+# A project whose model is a linear function (numpy only): fast to score, exact to check.
+LINEAR_FEATURES = [f"x{i}" for i in range(8)]
+LINEAR_WEIGHTS = [0.5, -1.0, 2.0, 0.25, -0.75, 1.5, -2.0, 1.0]
+LINEAR_SPEC = """\
+pipeline: linear
+stages:
+  fit: {task: tasks.linear:fit, outs: [models/linear.json]}
+model:
+  files: {weights: models/linear.json}
+  features: models/linear.json:features
+  load: tasks.linear:load
+  predict: tasks.linear:predict
+  id: key
+"""
+LINEAR_TASKS = """\
+import json
+
+import numpy as np
+
+
+def fit(ctx):
+    (ctx.root / "models").mkdir(exist_ok=True)
+    (ctx.root / "models/linear.json").write_text(json.dumps({"features": [], "weights": []}))
+
+
+def load(files):
+    return json.loads(files["weights"].read_text())
+
+
+def predict(model, rows):
+    return rows.to_numpy() @ np.asarray(model["weights"]) + model["bias"]
+"""
+
+
+def linear_model(bias: float = 0.5) -> str:
+    """The content of models/linear.json: the features, the weights and ``bias``."""
+    return json.dumps({"features": LINEAR_FEATURES, "weights": LINEAR_WEIGHTS, "bias": bias})
+
+
+def linear_scores(frame: pd.DataFrame, bias: float = 0.5) -> np.ndarray:
+    """What the linear model scores ``frame``'s rows."""
+    return np.asarray(frame[LINEAR_FEATURES].to_numpy() @ np.asarray(LINEAR_WEIGHTS) + bias)
+
+
+@pytest.fixture
+def linear_project(make_project: Callable[[], Project]) -> Project:
+    """A project with the linear model's files in place (as if ``fit`` had run), no champion yet."""
+    project = make_project()
+    project.write("configs/pipeline.yaml", LINEAR_SPEC)
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/linear.py", LINEAR_TASKS)
+    project.write("models/linear.json", linear_model())
     return project

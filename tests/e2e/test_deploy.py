@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pandas as pd
 import pytest
 import yaml
 from subprocs import stop_group
+
+from conveyor.predict.model import version_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +60,10 @@ def train(ctx):
     ctx.outs["models/stack.json"].write_text(json.dumps({"rows": len(rows), "depth": ctx.params["train"]["depth"]}))
 
 
+def score(model, rows):  # the model section's predict: the row count the model was trained on
+    return rows["x"] * 0 + json.loads(model["stack"].read_text())["rows"]
+
+
 def evaluate(ctx):
     auc = ctx.params["evaluate"]["auc"]
     ctx.metrics["metrics/test.json"].write_text(json.dumps({"stack": {"auc": auc, "loss": round(1 - auc, 6)}}))
@@ -74,6 +81,7 @@ stages:
     deps: [data/raw, models/stack.json]
     params: [evaluate]
     metrics: [metrics/test.json]
+model: {files: {stack: models/stack.json}, features: [x], predict: "tasks.steps:score"}
 """
 
 RUN_DEADLINE_S = 150
@@ -395,6 +403,10 @@ def test_retraining_promotes_only_a_better_challenger_and_a_failure_keeps_the_ch
     assert project.record()["stages"]["train"]["reason"] == "dep changed: data/raw"
     champion_model = (project.root / better["stored"]).read_text()
     assert json.loads(champion_model)["rows"] == 5
+    # the spec's model files are kept at their project paths under the champion's folder, with their version
+    kept = f"models/champions/{better['run_id']}/models/stack.json"
+    assert better["files"] == {"stack": kept} and (project.root / kept).read_text() == champion_model
+    assert better["version"] == version_of({"stack": project.root / kept}) != first["version"]
     assert "# toy retraining: promoted" in artifacts(project, better_id)["conveyor-promotion"]
 
     # Worse: not promoted (the model was not retrained: nothing it depends on changed).
@@ -421,6 +433,17 @@ def test_retraining_promotes_only_a_better_challenger_and_a_failure_keeps_the_ch
     assert "run failed, champion kept" in artifacts(project, failed_id)["conveyor-promotion"]
     assert [c["status"] for c in book["history"]] == ["promoted", "promoted", "rejected", "rejected", "failed"]
     set_params(project, auc=0.95)
+
+    # predict scores with the champion, not with the project's own (newer) model out
+    out = project.root / "models/stack.json"
+    own = out.read_text()
+    out.write_text(json.dumps({"rows": 99}))
+    (project.root / "rows.csv").write_text("x\n1\n2\n")
+    scored = project.conveyor("predict", "-i", "rows.csv", "-o", "scores.parquet", "--workers", "1")
+    out.write_text(own)
+    assert scored.returncode == 0, scored.stderr
+    assert f"with model {better['version']} (champion)" in scored.stdout
+    assert pd.read_parquet(project.root / "scores.parquet")["score"].tolist() == [5.0, 5.0]
 
 
 @pytest.mark.slow

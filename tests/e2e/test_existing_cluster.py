@@ -1,5 +1,6 @@
 """The reference pipeline on a cluster conveyor does not own: `dask scheduler` + two `dask worker`
-processes started here on 127.0.0.1, reached through a profile's `address` and `--profile`."""
+processes started here on 127.0.0.1, reached through a profile's `address` and `--profile`;
+then `conveyor predict` on it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import os
 import subprocess
 from collections.abc import Iterator
 
+import pandas as pd
 import pytest
 from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
 from subprocs import stop_group
+
+from tasks.evaluate import model_probabilities
+from tasks.models import read_split
+from tasks.preprocess import load_stats, standardise_rows
 
 
 @pytest.fixture
@@ -63,3 +69,25 @@ def test_reference_pipeline_on_an_existing_cluster(reference_project: Project, d
         assert after - before > 100
         assert set(client.scheduler_info(n_workers=-1)["workers"]) == workers
     assert not project.left_running()  # the run started no process that outlived it
+
+    # predict on the same cluster: the latest run's model (no champion yet) scores the raw rows
+    # of the test split exactly as evaluate scored them
+    raw = pd.read_parquet(project.root / "data/raw").drop(columns="target")
+    raw.insert(0, "id", range(len(raw)))
+    raw.to_parquet(project.root / "rows.parquet")
+    scored = project.conveyor("predict", "-i", "rows.parquet", "-o", "scores.parquet", "--id", "id",
+                              "--profile", "remote")
+    assert scored.returncode == 0, scored.stderr
+    assert f"scored {len(raw)} rows" in scored.stdout and "(latest run)" in scored.stdout
+    scores = pd.read_parquet(project.root / "scores.parquet")
+    assert list(scores.columns) == ["id", "score"] and scores["id"].tolist() == list(range(len(raw)))
+
+    processed = project.root / "data/processed"
+    stats = load_stats(processed)
+    test = read_split(processed, "test")
+    standardised = standardise_rows(raw, stats["features"], pd.Series(stats["mean"]), pd.Series(stats["std"]))
+    where = {tuple(row): i for i, row in enumerate(standardised.to_numpy())}
+    ids = [where[tuple(row)] for row in test.features.to_numpy()]  # the raw row of each test row
+    evaluated = model_probabilities(test.features, *(project.root / p for p in (
+        "models/xgb.json", "models/mlp.pt", "models/stack.json")))["stack"]
+    assert scores["score"].to_numpy()[ids].tolist() == evaluated.tolist()

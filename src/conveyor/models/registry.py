@@ -18,16 +18,19 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from conveyor.errors import RegistryError
 from conveyor.run.metrics import numbers
 from conveyor.spec.models import did_you_mean
 from conveyor.workspace import replace_atomically
+
+if TYPE_CHECKING:
+    from conveyor.spec.project import Project
 
 Direction = Literal["max", "min"]
 Status = Literal["promoted", "rejected", "failed"]
@@ -93,6 +96,8 @@ class Candidate:
     model: str = ""
     model_md5: str | None = None
     stored: str | None = None  # the champion's copy, relative to the project root
+    files: Mapping[str, str] = field(default_factory=dict)  # the spec's model files: name -> copy's path
+    version: str | None = None  # their hash (conveyor.predict.model.version_of), what /model answers
     data_version: Mapping[str, str] = field(default_factory=dict)
     git_commit: str | None = None
     flow_run_id: str | None = None
@@ -223,6 +228,37 @@ def store_model(root: Path, model: str, folder: Path) -> str:
         else:
             tmp.unlink(missing_ok=True)
     return target.relative_to(root).as_posix()
+
+
+def locked_outs(project: Project) -> dict[str, str]:
+    """md5 of every out at its last success: from dvc.lock under DVC, else conveyor's own lock."""
+    import yaml
+
+    from conveyor.dvc.compile import compiled_from
+    from conveyor.plan.fingerprint import LockRecord
+
+    if compiled_from(project):
+        data = yaml.safe_load((project.root / "dvc.lock").read_text(encoding="utf-8")) \
+            if (project.root / "dvc.lock").exists() else None
+        stages = (data or {}).get("stages", {})
+    else:
+        stages = LockRecord.for_project(project).stages()
+    return {o["path"]: o["md5"] for body in stages.values() for o in body.get("outs", []) if "md5" in o}
+
+
+def md5_of(root: Path, rel: str) -> str | None:
+    """The md5 DVC would record for the file or directory ``rel`` (None if it does not exist)."""
+    from conveyor.plan.fingerprint import Hasher
+
+    entry = Hasher().entry(root, rel)
+    return entry.md5 if entry is not None else None
+
+
+def data_version(project: Project, stages: Sequence[str]) -> dict[str, str]:
+    """The md5 of each out of ``stages`` (the data sources) at its last success, else as it is now."""
+    locked = locked_outs(project)
+    outs = [o for s in stages for o in project.pipeline.stages[s].written]
+    return {o: m for o in outs if (m := locked.get(o) or md5_of(project.root, o))}
 
 
 def comparison_markdown(title: str, rule: PromotionRule, champion: Candidate | None, challenger: Candidate) -> str:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, cast
 
-import yaml
 from prefect import State, flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
@@ -25,7 +24,6 @@ from conveyor.errors import ConveyorError, UsageError
 from conveyor.models import registry as reg
 from conveyor.models.registry import Candidate, Direction, MetricRef, PromotionRule
 from conveyor.plan.dag import overlaps
-from conveyor.plan.fingerprint import Hasher, LockRecord
 from conveyor.prefect.flow import run_in_flow
 from conveyor.run.record import RunRecord, now
 from conveyor.run.session import RunOptions, check_options
@@ -142,21 +140,34 @@ def promote(project: Project, plan: RetrainPlan, run: RunRecord) -> tuple[Candid
         candidate = _challenger(project, plan, run, book.champion)
         if candidate.status == "promoted":
             try:
-                stored = reg.store_model(project.root, plan.model, path.parent / "champions" / run.run_id)
-                candidate = replace(candidate, stored=stored)
+                folder = path.parent / "champions" / run.run_id
+                stored = reg.store_model(project.root, plan.model, folder)
+                candidate = replace(candidate, stored=stored, **_model_files(project, folder))
             except (OSError, ConveyorError) as exc:
                 candidate = replace(candidate, status="failed", reason=f"copying the model failed: {exc}")
         reg.save(path, book.add(candidate))
     return book.champion, candidate
 
 
+def _model_files(project: Project, folder: Path) -> dict[str, Any]:
+    """The spec's model files copied to their project paths under ``folder`` (what ``serve-model``
+    and ``predict --model champion`` read), and their version."""
+    from conveyor.predict.model import version_of
+
+    spec = project.pipeline.model
+    if spec is None:
+        return {}
+    files = {name: reg.store_model(project.root, rel, folder / PurePosixPath(rel).parent)
+             for name, rel in spec.files.items()}
+    return {"files": files, "version": version_of({n: project.root / p for n, p in files.items()})}
+
+
 def _challenger(project: Project, plan: RetrainPlan, run: RunRecord, champion: Candidate | None) -> Candidate:
-    locked = locked_outs(project)
-    sources = [o for s in plan.options.forced for o in project.pipeline.stages[s].written]
-    model_md5 = locked.get(plan.model) or _md5(project.root, plan.model)
+    locked = reg.locked_outs(project)
+    model_md5 = locked.get(plan.model) or reg.md5_of(project.root, plan.model)
     base = Candidate(run_id=run.run_id, time=now().isoformat(), status="failed", reason="",
                      metric=str(plan.rule.metric), model=plan.model, model_md5=model_md5,
-                     data_version={o: m for o in sources if (m := locked.get(o) or _md5(project.root, o))},
+                     data_version=reg.data_version(project, plan.options.forced),
                      git_commit=git_commit(project.root), flow_run_id=run.flow_run_id or None)
     if run.status != "succeeded":
         broken = ", ".join(run.failed) or ", ".join(run.not_run)
@@ -168,24 +179,6 @@ def _challenger(project: Project, plan: RetrainPlan, run: RunRecord, champion: C
     decision = reg.decide(plan.rule, value, champion)
     return replace(base, status="promoted" if decision.promote else "rejected", reason=decision.reason,
                    value=value, metrics=numbers)
-
-
-def locked_outs(project: Project) -> dict[str, str]:
-    """md5 of every out at its last success: from dvc.lock under DVC, else conveyor's own lock."""
-    from conveyor.dvc.compile import compiled_from
-
-    if compiled_from(project):
-        data = yaml.safe_load((project.root / "dvc.lock").read_text(encoding="utf-8")) \
-            if (project.root / "dvc.lock").exists() else None
-        stages = (data or {}).get("stages", {})
-    else:
-        stages = LockRecord.for_project(project).stages()
-    return {o["path"]: o["md5"] for body in stages.values() for o in body.get("outs", []) if "md5" in o}
-
-
-def _md5(root: Path, rel: str) -> str | None:
-    entry = Hasher().entry(root, rel)
-    return entry.md5 if entry is not None else None
 
 
 def git_commit(root: Path) -> str | None:

@@ -1,0 +1,78 @@
+"""`conveyor predict` on a project whose model is a linear function (numpy only): a file bigger
+than a swarm worker's memory limit is scored in partitions, in order, by workers that are gone
+afterwards; a file that does not match the model is refused before any worker starts.
+
+(The reference pipeline's model, scored on an existing cluster and checked against evaluate,
+is in test_existing_cluster.py.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import Project
+from projects import LINEAR_FEATURES as FEATURES
+from projects import linear_scores as expected
+
+
+@pytest.mark.slow
+def test_a_file_bigger_than_a_worker_is_scored_in_partitions_in_order(linear_project: Project) -> None:
+    rows, group = 6_000_000, 250_000
+    rng = np.random.default_rng(7)
+    path = linear_project.root / "big.parquet"
+    with pq.ParquetWriter(path, pa.schema([("key", pa.int64()), *((f, pa.float64()) for f in FEATURES)])) as writer:
+        for start in range(0, rows, group):
+            chunk = {"key": np.arange(start, start + group) * 3, **{f: rng.standard_normal(group) for f in FEATURES}}
+            writer.write_table(pa.table(chunk))
+    assert rows * (len(FEATURES) + 1) * 8 > 400 * 2**20  # more than one worker may hold
+
+    scored = linear_project.conveyor("predict", "-i", "big.parquet", "-o", "scores.parquet", "--workers", "2",
+                             "--memory-limit", "400MiB", "--partition-size", "16MiB")
+    assert scored.returncode == 0, scored.stdout + scored.stderr
+    assert f"scored {rows:,} rows in" in scored.stdout and "on 2 workers" in scored.stdout
+    assert "(latest run)" in scored.stdout  # no champion promoted: the project's own model files
+    partitions = int(scored.stdout.split(" rows in ")[1].split()[0])
+    assert partitions >= 8
+    assert "restart" not in scored.stderr.lower() and "killed" not in scored.stderr.lower(), scored.stderr
+
+    out = pq.ParquetFile(linear_project.root / "scores.parquet")
+    assert out.schema_arrow.names == ["key", "score"] and out.metadata.num_rows == rows
+    scores = out.read().to_pandas()
+    source = pq.read_table(path).to_pandas()
+    assert (scores["key"].to_numpy() == source["key"].to_numpy()).all()
+    np.testing.assert_allclose(scores["score"].to_numpy(), expected(source), rtol=0, atol=1e-12)
+    assert not linear_project.left_running()
+    assert not list(linear_project.root.glob(".scores.parquet*"))  # no staging file left
+
+
+def test_an_input_that_does_not_match_the_model_is_refused_naming_the_columns(linear_project: Project) -> None:
+    frame = pd.DataFrame({"key": [1, 2], **{f: [0.0, 1.0] for f in FEATURES}})
+    frame.drop(columns=["x3", "x5"]).assign(label=[0, 1]).to_csv(linear_project.root / "rows.csv", index=False)
+    (linear_project.root / "scores.parquet").write_bytes(b"previous scores")
+
+    bad = linear_project.conveyor("predict", "-i", "rows.csv", "-o", "scores.parquet")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "missing the model's feature columns x3, x5" in bad.stderr
+    assert "a column the model does not read: label (--allow-extra ignores them)" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert (linear_project.root / "scores.parquet").read_bytes() == b"previous scores"
+    assert not linear_project.left_running()
+
+    frame.to_csv(linear_project.root / "rows.csv", index=False)
+    good = linear_project.conveyor("predict", "-i", "rows.csv", "-o", "scores.parquet", "--workers", "1")
+    assert good.returncode == 0, good.stderr
+    scores = pd.read_parquet(linear_project.root / "scores.parquet")
+    assert scores["key"].tolist() == [1, 2]
+    np.testing.assert_allclose(scores["score"], expected(frame), atol=1e-12)
+
+    for args, message in [
+        (("-i", "nothing-*.csv"), "--input nothing-*.csv: cannot read it as CSV"),
+        (("-i", "rows.csv", "--id", "nope"), "no id column 'nope'"),
+        (("-i", "rows.csv", "-m", "missing-dir"), "--model missing-dir: not a directory"),
+        (("-i", "rows.csv", "--profile", "gpu"), "--profile gpu: unknown profile"),
+    ]:
+        refused = linear_project.conveyor("predict", *args, "-o", "scores.parquet")
+        assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
