@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -48,6 +50,24 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
     assert {s["status"] for s in record["stages"].values()} == {"skipped"}
     dvc = run(["dvc", "status"], root, env)
     assert dvc.returncode == 0 and "Data and pipelines are up to date." in dvc.stdout, dvc.stdout + dvc.stderr
+
+    # right after its first run, a new project serves its model (no champion yet: the latest run's)
+    server = subprocess.Popen(["conveyor", "serve-model", "--port", "0"], cwd=root, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert "(latest run) at http://127.0.0.1:" in line, line
+        model = json.loads((root / "models/model.json").read_text())
+        row = dict.fromkeys(model["features"], 1.0)
+        request = urllib.request.Request(line.split(" at ")[1].split()[0] + "/predict",
+                                         json.dumps({"rows": [row]}).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            scores = json.loads(answer.read())["scores"]
+        assert scores == pytest.approx([model["intercept"] + sum(model["coef"])])
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(30) == 130
 
     tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]

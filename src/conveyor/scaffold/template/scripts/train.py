@@ -33,7 +33,9 @@ def main() -> None:
     r2 = float(1 - np.sum((predicted - y[test]) ** 2) / np.sum((y[test] - y[test].mean()) ** 2))
 
     args.model.parent.mkdir(parents=True, exist_ok=True)
-    args.model.write_text(json.dumps({"intercept": weights[0], "coef": list(weights[1:])}, indent=2) + "\n")
+    features = [c for c in frame.columns if c != "y"]
+    model = {"features": features, "intercept": weights[0], "coef": list(weights[1:])}
+    args.model.write_text(json.dumps(model, indent=2) + "\n")
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
     args.metrics.write_text(json.dumps({"r2": round(r2, 6), "rmse": round(rmse, 6), "test_rows": int(test.sum())},
                                        indent=2) + "\n")

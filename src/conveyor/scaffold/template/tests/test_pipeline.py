@@ -35,3 +35,13 @@ def test_the_pipeline_runs_and_learns(tmp_path: Path) -> None:
     again = subprocess.run(["conveyor", "run"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     record = json.loads((tmp_path / ".conveyor/runs/latest.json").read_text())
     assert again.returncode == 0 and {s["status"] for s in record["stages"].values()} == {"skipped"}
+
+    # the model section: the trained model scores the features in batch (one worker, started and stopped)
+    scored = subprocess.run(["conveyor", "predict", "-i", "data/features", "-o", "predictions.parquet",
+                             "--allow-extra", "--workers", "1"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert scored.returncode == 0, scored.stdout + scored.stderr
+    features = pd.read_parquet(tmp_path / "data/features")
+    predictions = pd.read_parquet(tmp_path / "predictions.parquet")
+    assert len(predictions) == len(features)
+    assert ((predictions["score"] - features["y"]) ** 2).mean() < 0.1 * features["y"].var()
