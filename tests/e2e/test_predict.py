@@ -8,6 +8,8 @@ is in test_existing_cluster.py.)
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -15,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import Project
 from projects import LINEAR_FEATURES as FEATURES
+from projects import linear_model
 from projects import linear_scores as expected
 
 
@@ -76,3 +79,36 @@ def test_an_input_that_does_not_match_the_model_is_refused_naming_the_columns(li
     ]:
         refused = linear_project.conveyor("predict", *args, "-o", "scores.parquet")
         assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
+
+
+def test_a_dvc_yaml_project_declares_its_model_in_the_placement_spec(linear_project: Project) -> None:
+    """A DVC project keeps its dvc.yaml; the spec that places its stages also says what its model is."""
+    root = linear_project.root
+    (root / "models/linear.json").unlink()
+    (root / "configs/pipeline.yaml").unlink()
+    linear_project.write("fit.py", f"import json, pathlib\npathlib.Path('models').mkdir(exist_ok=True)\n"
+                                   f"pathlib.Path('models/linear.json').write_text({linear_model()!r})\n")
+    linear_project.write("dvc.yaml", "stages:\n  fit:\n    cmd: python fit.py\n    deps: [fit.py]\n"
+                                     "    outs: [models/linear.json]\n")
+    placed = ("dvc: ../dvc.yaml\nmodel:\n  files: {weights: models/linear.json}\n"
+              "  features: models/linear.json:features\n  load: tasks.linear:load\n  predict: tasks.linear:predict\n")
+    linear_project.write("configs/placed.yaml", placed)
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    ran = linear_project.conveyor("run", "-c", "configs/placed.yaml")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+    frame = pd.DataFrame({f: [0.0, 1.0, -2.0] for f in FEATURES})
+    frame.to_parquet(root / "rows.parquet")
+    scored = linear_project.conveyor("predict", "-c", "configs/placed.yaml", "-i", "rows.parquet",
+                                     "-o", "scores.parquet", "--workers", "1")
+    assert scored.returncode == 0, scored.stderr
+    scores = pd.read_parquet(root / "scores.parquet")
+    assert scores["row"].tolist() == [0, 1, 2]
+    np.testing.assert_allclose(scores["score"], expected(frame), atol=1e-12)
+
+    linear_project.write("configs/placed.yaml", placed.replace("{weights: models/linear.json}",
+                                                               "{weights: models/linear.json, extra: model.pkl}"))
+    bad = linear_project.conveyor("predict", "-c", "configs/placed.yaml", "-i", "rows.parquet", "-o", "s.parquet")
+    assert bad.returncode == 2, bad.stderr
+    assert "placed.yaml:3 model.files.extra: 'model.pkl' is not written by any stage of dvc.yaml" in bad.stderr

@@ -86,17 +86,30 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
                                  f"{name}: {'.'.join(map(str, err['loc']))}: {err['msg']}") for err in exc.errors()]
     if placement is not None:
         converted, placed_issues = _placed(converted, spec, placement)
-        issues += placed_issues
+        issues += placed_issues + _model_issues(spec, converted, placement, dvc_file)
     if issues:
         raise SpecError(sorted(issues, key=lambda i: (str(i.file), i.line or 0)))
     graph = _graph(dvc_file, written, stages)
-    pipeline = Pipeline(pipeline=spec.pipeline or root.name, profiles=spec.profiles, stages=converted)
+    pipeline = Pipeline(pipeline=spec.pipeline or root.name, profiles=spec.profiles, stages=converted,
+                        model=spec.model)
     params_path = root / "params.yaml"
     params = _params(params_path)
     source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
                        metrics=_metrics(written, root, converted))
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
+
+
+def _model_issues(spec: DvcPipeline, stages: dict[str, Stage], doc: LoadedYaml, dvc_file: Path) -> list[SpecIssue]:
+    """A model's files must be written by stages of the dvc.yaml (outs, metrics, or inside an out)."""
+    if spec.model is None:
+        return []
+    written = [w.rstrip("/") for stage in stages.values() for w in stage.written]
+    return [SpecIssue(doc.path, doc.line(("model", "files", name)), f"model.files.{name}",
+                      f"'{path}' is not written by any stage of {dvc_file.name} (an out, or a file in one): "
+                      "a model is what the pipeline makes")
+            for name, path in spec.model.files.items()
+            if not any(path == w or path.startswith(w + "/") for w in written)]
 
 
 def _read(path: Path) -> LoadedYaml:

@@ -358,6 +358,7 @@ class DvcPipeline(Model):
     dvc: str = "dvc.yaml"
     profiles: dict[str, Profile] = Field(default_factory=dict)
     placement: dict[str, Placement] = Field(default_factory=dict)
+    model: ModelSpec | None = None  # what predict and serve-model score with (SPEC.md §2.4)
 
 
 def parse_dvc_pipeline(doc: LoadedYaml) -> DvcPipeline:
