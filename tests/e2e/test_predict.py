@@ -1,6 +1,7 @@
 """`conveyor predict` on a project whose model is a linear function (numpy only): a file bigger
 than a swarm worker's memory limit is scored in partitions, in order, by workers that are gone
-afterwards; a file that does not match the model is refused before any worker starts.
+afterwards; workers too small to score a partition end the job with what to change (Dask
+alone would wait forever); a file that does not match the model is refused before any worker starts.
 
 (The reference pipeline's model, scored on an existing cluster and checked against evaluate,
 is in test_existing_cluster.py.)
@@ -9,6 +10,7 @@ is in test_existing_cluster.py.)
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,24 +24,32 @@ from projects import linear_scores as expected
 
 
 @pytest.mark.slow
-def test_a_file_bigger_than_a_worker_is_scored_in_partitions_in_order(linear_project: Project) -> None:
-    rows, group = 6_000_000, 250_000
+def write_rows(path: Path, rows: int, group: int = 250_000) -> None:
+    """``rows`` rows of the model's features and a ``key`` column, in row groups of ``group``."""
     rng = np.random.default_rng(7)
-    path = linear_project.root / "big.parquet"
     with pq.ParquetWriter(path, pa.schema([("key", pa.int64()), *((f, pa.float64()) for f in FEATURES)])) as writer:
         for start in range(0, rows, group):
             chunk = {"key": np.arange(start, start + group) * 3, **{f: rng.standard_normal(group) for f in FEATURES}}
             writer.write_table(pa.table(chunk))
-    assert rows * (len(FEATURES) + 1) * 8 > 400 * 2**20  # more than one worker may hold
+
+
+def test_a_file_bigger_than_a_worker_is_scored_in_partitions_in_order(linear_project: Project) -> None:
+    # a worker of this stack (dask, pandas, pyarrow) holds ~180 MiB before it reads anything and
+    # ~370 MiB while it scores a 16 MiB partition: 640 MiB leaves it room below the 80 % pause
+    rows = 10_000_000
+    path = linear_project.root / "big.parquet"
+    write_rows(path, rows)
+    assert rows * (len(FEATURES) + 1) * 8 > 640 * 2**20  # more than one worker may hold
 
     scored = linear_project.conveyor("predict", "-i", "big.parquet", "-o", "scores.parquet", "--workers", "2",
-                             "--memory-limit", "400MiB", "--partition-size", "16MiB")
+                                     "--memory-limit", "640MiB", "--partition-size", "16MiB")
     assert scored.returncode == 0, scored.stdout + scored.stderr
     assert f"scored {rows:,} rows in" in scored.stdout and "on 2 workers" in scored.stdout
     assert "(latest run)" in scored.stdout  # no champion promoted: the project's own model files
     partitions = int(scored.stdout.split(" rows in ")[1].split()[0])
     assert partitions >= 8
-    assert "restart" not in scored.stderr.lower() and "killed" not in scored.stderr.lower(), scored.stderr
+    stderr = scored.stderr.lower()
+    assert "restart" not in stderr and "killed" not in stderr and "pausing" not in stderr, scored.stderr
 
     out = pq.ParquetFile(linear_project.root / "scores.parquet")
     assert out.schema_arrow.names == ["key", "score"] and out.metadata.num_rows == rows
@@ -49,6 +59,26 @@ def test_a_file_bigger_than_a_worker_is_scored_in_partitions_in_order(linear_pro
     np.testing.assert_allclose(scores["score"].to_numpy(), expected(source), rtol=0, atol=1e-12)
     assert not linear_project.left_running()
     assert not list(linear_project.root.glob(".scores.parquet*"))  # no staging file left
+
+
+@pytest.mark.slow
+def test_workers_too_small_for_a_partition_end_the_job_saying_so_instead_of_waiting_forever(
+        linear_project: Project) -> None:
+    write_rows(linear_project.root / "rows.parquet", 1_000_000)
+    (linear_project.root / "scores.parquet").write_bytes(b"previous scores")
+
+    # 160 MiB: less than a worker holds once it has imported its libraries and read a partition;
+    # Dask pauses it, or restarts it again and again; without conveyor's watch, forever
+    small = linear_project.conveyor("predict", "-i", "rows.parquet", "-o", "scores.parquet", "--workers", "2",
+                                    "--memory-limit", "160MiB", "--partition-size", "16MiB", timeout=180)
+    assert small.returncode == 1, small.stdout + small.stderr
+    last = small.stderr.strip().splitlines()[-1]
+    assert last.startswith("scoring partition ") and "160 MiB each" in last, small.stderr
+    assert last.endswith("give the workers more memory (--memory-limit, or the profile's) or the partitions "
+                          "less (--partition-size)"), last
+    assert (linear_project.root / "scores.parquet").read_bytes() == b"previous scores"
+    assert not list(linear_project.root.glob(".scores.parquet*"))
+    assert not linear_project.left_running()
 
 
 def test_an_input_that_does_not_match_the_model_is_refused_naming_the_columns(linear_project: Project) -> None:

@@ -483,7 +483,7 @@ def predict(
     with Profiles(profiles) as started, bar:
         client = started.get(name).client
         assert client is not None  # options_of refuses thread pools
-        scored = batch.run(job, frame, project.root, client,
+        scored = batch.run(job, frame, project.root, client, owned=name == batch.SWARM,
                            progress=lambda done, total: bar.update(task, completed=done, total=total))
     out.print(batch.describe(scored), highlight=False, soft_wrap=True)
 

@@ -118,11 +118,14 @@ def swarm(workers: int | None, memory_limit: str | None) -> DaskProfile:
                        threads_per_worker=1, memory_limit=memory_limit)
 
 
-def run(job: Job, frame: dd.DataFrame, root: Path, client: Any, progress: Progress | None = None) -> Scored:
-    """Score every partition on ``client``'s workers; write the scores in input order, atomically."""
+def run(job: Job, frame: dd.DataFrame, root: Path, client: Any, progress: Progress | None = None, *,
+        owned: bool) -> Scored:
+    """Score every partition on ``client``'s workers; write the scores in input order, atomically.
+
+    ``owned``: the cluster was started for this job, so workers that are gone will not come back."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from distributed import wait
+    from distributed import KilledWorker, wait
 
     start = time.perf_counter()
     columns = list(job.model.features) + ([job.key] if job.key != ROW else [])
@@ -136,11 +139,16 @@ def run(job: Job, frame: dd.DataFrame, root: Path, client: Any, progress: Progre
     try:
         writer: pq.ParquetWriter | None = None
         try:
+            stall = _Stall(client, done, owned=owned)
             for i, future in enumerate(futures):
                 try:
-                    part: pd.DataFrame = future.result()
+                    part: pd.DataFrame = stall.result(future, i)
                 except ConveyorError:
                     raise
+                except KilledWorker:
+                    raise ModelError(f"scoring partition {i} of {len(futures)} killed its worker (memory "
+                                     f"limit{stall.limits() or ' unknown'}) each time it was tried: "
+                                     f"{stall.ADVICE}") from None
                 except Exception as exc:  # noqa: BLE001 - the scorer's own error, raised on a worker
                     raise ModelError(f"scoring partition {i} of {len(futures)} failed: "
                                      f"{type(exc).__name__}: {redact(str(exc))}") from None
@@ -171,6 +179,84 @@ def _scored(part: Any, root: Path, job: Job) -> Any:
     from dask.delayed import delayed
 
     return delayed(score_partition, pure=False)(part, root, job.spec, job.model, job.key)
+
+
+class _Stall:
+    """Waits for a partition's scores, and fails rather than wait forever on workers that cannot score.
+
+    A Dask worker pauses above 80 % of its memory limit and resumes when its process shrinks;
+    when what it holds is not data it could spill (the libraries' own memory, a model), it may
+    never shrink. A worker over 95 % is restarted, and one that cannot even start within its
+    limit is restarted again and again, or not at all. Either way the job would wait forever.
+    Nothing scored and every worker paused and idle for ``STALL_S`` (on the swarm started for
+    the job: no worker running anything, or none at all) ends the job with what to change; so
+    does a partition that kills its worker each time it is tried.
+    On a cluster of a profile, workers may be queued or scaling up: only paused ones count."""
+
+    STALL_S = 15.0
+    QUIET_S = 5.0  # nothing scored for this long before the workers are asked
+    POLL_S = 1.0
+    ADVICE = ("give the workers more memory (--memory-limit, or the profile's) or the partitions less "
+              "(--partition-size)")
+
+    def __init__(self, client: Any, done: _Counter, *, owned: bool) -> None:
+        self.client, self.done, self.owned = client, done, owned
+        self._seen, self._since = done.done, time.monotonic()
+        self._stuck_since: float | None = None
+        self._limits = ""
+        self.limits()  # while the workers are there to say
+
+    def result(self, future: Any, index: int) -> Any:
+        while True:
+            try:
+                return future.result(timeout=self.POLL_S)
+            except TimeoutError:
+                self._check(index)
+
+    def _check(self, index: int) -> None:
+        now = time.monotonic()
+        if self.done.done != self._seen:
+            self._seen, self._since, self._stuck_since = self.done.done, now, None
+            return
+        if now - self._since < self.QUIET_S:
+            return
+        workers = self.client.scheduler_info().get("workers", {})
+        why = self._why(list(workers.values()))
+        if why is None:
+            self._stuck_since = None
+            return
+        if self._stuck_since is None:
+            self._stuck_since = now
+        if now - self._stuck_since >= self.STALL_S:
+            raise ModelError(f"scoring partition {index} of {self.done.total}: {why} for {self.STALL_S:.0f}s with "
+                             f"nothing scored (memory limit{self.limits() or ' unknown'}): {self.ADVICE}")
+
+    def _why(self, workers: list[Mapping[str, Any]]) -> str | None:
+        """What keeps every worker from scoring, or None while one may."""
+        if not workers:
+            return "no worker has been up (each died starting within its memory limit)" if self.owned else None
+        executing = any(_counts(w).get("executing", 0) for w in workers)
+        if not executing and all(w.get("status") == "paused" for w in workers):
+            return "every worker has been paused at its memory limit"
+        if not executing and self.owned:
+            return "no worker has been running (each died or was restarted at its memory limit)"
+        return None
+
+    def limits(self) -> str:
+        """`` 400 MiB each``, as the scheduler says (or last said), or nothing when it cannot say."""
+        try:
+            workers = self.client.scheduler_info().get("workers", {})
+            limits = {int(w.get("memory_limit") or 0) for w in workers.values()}
+        except Exception:  # noqa: BLE001 - only decorates the message of an error
+            return self._limits
+        if len(limits) == 1 and (limit := limits.pop()):
+            self._limits = f" {limit / 2**20:,.0f} MiB each"
+        return self._limits
+
+
+def _counts(worker: Mapping[str, Any]) -> Mapping[str, int]:
+    counts: Mapping[str, int] = (worker.get("metrics") or {}).get("task_counts") or {}
+    return counts
 
 
 class _Counter:
