@@ -16,13 +16,16 @@ from benchmarks import (
     ingest_concurrency,
     noop,
     parallel_branches,
+    predict_batch,
     preprocess_workers,
     reference,
+    serve_latency,
     sweep,
 )
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
-                                                          dvc_repro, reference, noop, chain, sweep)}
+                                                          dvc_repro, reference, noop, chain, sweep,
+                                                          predict_batch, serve_latency)}
 
 
 def _log(line: str) -> None:

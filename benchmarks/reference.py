@@ -214,9 +214,9 @@ def _stop_group(pgid: int, grace_s: float) -> bool:
         time.sleep(0.2)
 
 
-def _execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> tuple[float, float]:
-    """Run ``args`` in its own process group: (wall seconds, peak tree RSS in MiB); checks exit 0 and
-    that nothing of its group outlives it by 10 s (what does is killed)."""
+def execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> tuple[float, float, str]:
+    """Run ``args`` in its own process group: (wall seconds, peak tree RSS in MiB, its stdout); checks
+    exit 0 and that nothing of its group outlives it by 10 s (what does is killed)."""
     started = time.perf_counter()
     proc = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -235,7 +235,7 @@ def _execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> t
     check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
                                 f"{out[-3000:].decode(errors='replace')}\n{err[-3000:].decode(errors='replace')}")
     check(not left, f"{side}: processes of its group were still running 10 s after it exited (killed)")
-    return wall, peak / MIB
+    return wall, peak / MIB, out.decode(errors="replace")
 
 
 class Runs:
@@ -254,7 +254,7 @@ class Runs:
         workdir = self._copy("plain")
         try:
             since = time.time()
-            wall, peak = _execute([sys.executable, str(PLAIN), "out", "--project", "."], workdir, env, "plain")
+            wall, peak, _ = execute([sys.executable, str(PLAIN), "out", "--project", "."], workdir, env, "plain")
             outcome = _observe(workdir / "out", "plain", since)
             timings = json.loads((workdir / "out/timings.json").read_text())
             check(not timings["forbidden_modules_loaded"], f"the plain script imported "
@@ -268,7 +268,7 @@ class Runs:
         workdir = self._copy(side)
         try:
             since, began = time.time(), datetime.now(UTC)
-            wall, peak = _execute([_conveyor(), "run", "--force"], workdir, env, side)
+            wall, peak, _ = execute([_conveyor(), "run", "--force"], workdir, env, side)
             outcome = _observe(workdir, side, since)
             _record(workdir, outcome, began, wall)
             outcome.wall, outcome.peak_rss_mib = wall, peak
