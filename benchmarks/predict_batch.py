@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
 from benchmarks.projects import cli, median, no_server_env
-from benchmarks.reference import _conveyor, execute, make_template
+from benchmarks.reference import conveyor_command, execute, make_template
 
 NAME = "predict-batch"
 DESCRIPTION = "conveyor predict on a swarm of 2 workers vs one process (pandas) scoring the same file"
@@ -86,7 +86,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         make_template(root)
         env = no_server_env(scratch / "prefect-home")
         log(f"{NAME}: training the reference model (conveyor run, not counted)")
-        cli([_conveyor(), "run"], root, env)
+        cli([conveyor_command(), "run"], root, env)
         source = scratch / "rows.parquet"
         write_rows(root, rows, source)
         log(f"{NAME}: {rows:,} rows, {source.stat().st_size / 2**20:.0f} MiB of parquet")
@@ -103,7 +103,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         def conveyor(i: int) -> tuple[float, float]:
             output = scratch / f"conveyor-{i}.parquet"
-            wall, peak, stdout = execute([_conveyor(), "predict", "-i", str(source), "-o", str(output),
+            wall, peak, stdout = execute([conveyor_command(), "predict", "-i", str(source), "-o", str(output),
                                           "--workers", "2"], root, env, "conveyor")
             said = SCORED.search(stdout)
             check(said is not None and int(said.group(1).replace(",", "")) == rows and said.group(3) == "2",

@@ -154,7 +154,7 @@ def make_template(root: Path) -> None:
     _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "reference"], root)
 
 
-def _conveyor() -> str:
+def conveyor_command() -> str:
     beside = Path(sys.executable).with_name("conveyor")
     return str(beside) if beside.is_file() else "conveyor"
 
@@ -199,7 +199,7 @@ def _observe(outdir: Path, side: str, since: float) -> Outcome:
                    {"rows": stats["rows"], "class_counts": stats["class_counts"], "features": stats["features"]})
 
 
-def _stop_group(pgid: int, grace_s: float) -> bool:
+def stop_group(pgid: int, grace_s: float) -> bool:
     """Wait up to ``grace_s`` for process group ``pgid`` to be empty; SIGKILL what is left. True if any was."""
     deadline = time.monotonic() + grace_s
     while True:
@@ -231,7 +231,7 @@ def execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> tu
     finally:
         peak = sampler.stop()
     wall = time.perf_counter() - started
-    left = _stop_group(proc.pid, grace_s=10)
+    left = stop_group(proc.pid, grace_s=10)
     check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
                                 f"{out[-3000:].decode(errors='replace')}\n{err[-3000:].decode(errors='replace')}")
     check(not left, f"{side}: processes of its group were still running 10 s after it exited (killed)")
@@ -268,7 +268,7 @@ class Runs:
         workdir = self._copy(side)
         try:
             since, began = time.time(), datetime.now(UTC)
-            wall, peak, _ = execute([_conveyor(), "run", "--force"], workdir, env, side)
+            wall, peak, _ = execute([conveyor_command(), "run", "--force"], workdir, env, side)
             outcome = _observe(workdir, side, since)
             _record(workdir, outcome, began, wall)
             outcome.wall, outcome.peak_rss_mib = wall, peak

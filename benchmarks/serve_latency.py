@@ -63,7 +63,7 @@ import pandas as pd
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
 from benchmarks.projects import cli, median, no_server_env
-from benchmarks.reference import _conveyor, make_template
+from benchmarks.reference import conveyor_command, make_template, stop_group
 
 NAME = "serve-latency"
 DESCRIPTION = "HTTP latency of conveyor serve-model vs a bare FastAPI app with the same model (1-row requests)"
@@ -180,24 +180,9 @@ def stop(server: Server) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     server.stop_s, server.exit_code = time.perf_counter() - started, proc.returncode
-    left = _group_left(proc.pid, grace_s=5.0)
+    left = stop_group(proc.pid, grace_s=5.0)
     check(not killed, f"{server.side}: still running {STOP_S:.0f} s after SIGINT (killed):\n{server.tail()}")
     check(not left, f"{server.side}: processes of its group outlived it by 5 s (killed)")
-
-
-def _group_left(pgid: int, grace_s: float) -> bool:
-    """Whether process group ``pgid`` still had members ``grace_s`` on (they are killed)."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        if time.monotonic() >= deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            return True
-        time.sleep(POLL_S)
 
 
 def get(port: int, path: str, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, bytes]:
@@ -334,7 +319,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         make_template(root)
         env = no_server_env(scratch / "prefect-home")
         log(f"{NAME}: training the reference model (conveyor run, not counted)")
-        cli([_conveyor(), "run"], root, env)
+        cli([conveyor_command(), "run"], root, env)
         features = list(json.loads((root / "data/processed/stats.json").read_text())["features"])
         raw = pd.read_parquet(root / "data/raw").drop(columns=["target"])
         check(sorted(raw.columns) == sorted(features), f"data/raw's columns {sorted(raw.columns)} are not the "
@@ -349,7 +334,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         log(f"{NAME}: starting the bare app and conveyor serve-model")
         bare = start("bare", [sys.executable, str(BARE), str(root), "--port", "0"], root, env, logs, UVICORN.search)
         servers.append(bare)
-        conveyor = start("conveyor", [_conveyor(), "serve-model", "--port", "0"], root, env, logs, SERVING.search)
+        conveyor = start("conveyor", [conveyor_command(), "serve-model", "--port", "0"], root, env, logs,
+                         SERVING.search)
         servers.append(conveyor)
         log(f"{NAME}: up in {bare.startup_s:.1f} s (bare), {conveyor.startup_s:.1f} s (conveyor, model "
             f"{conveyor.version})")
