@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.projects import cli, median, no_server_env
-from benchmarks.reference import conveyor_command, execute, make_template
+from benchmarks.projects import median
+from benchmarks.reference import conveyor_command, execute, trained_reference
 
 NAME = "predict-batch"
 DESCRIPTION = "conveyor predict on a swarm of 2 workers vs one process (pandas) scoring the same file"
@@ -81,12 +81,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     rows = 200_000 if config.quick else 2_000_000
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-predict-"))
-    root = scratch / "project"
     try:
-        make_template(root)
-        env = no_server_env(scratch / "prefect-home")
-        log(f"{NAME}: training the reference model (conveyor run, not counted)")
-        cli([conveyor_command(), "run"], root, env)
+        root, env = trained_reference(scratch, log, NAME)
         source = scratch / "rows.parquet"
         write_rows(root, rows, source)
         log(f"{NAME}: {rows:,} rows, {source.stat().st_size / 2**20:.0f} MiB of parquet")

@@ -64,7 +64,7 @@ import pandas as pd
 
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import with_prefect_home
+from benchmarks.projects import cli, no_server_env, with_prefect_home
 
 NAME = "reference"
 DESCRIPTION = "conveyor run --force of the reference pipeline vs the same work as one plain script"
@@ -152,6 +152,18 @@ def make_template(root: Path) -> None:
     _cli(["git", "init", "-q"], root)
     _cli(["git", "add", "-A"], root)
     _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "reference"], root)
+
+
+def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> tuple[Path, dict[str, str]]:
+    """A copy of the reference project (:func:`make_template`) trained by one ``conveyor run``
+    (not counted; Prefect's temporary server in a temporary PREFECT_HOME): its root, and the
+    environment to run commands in it."""
+    root = scratch / "project"
+    make_template(root)
+    env = no_server_env(scratch / "prefect-home")
+    log(f"{name}: training the reference model (conveyor run, not counted)")
+    cli([conveyor_command(), "run"], root, env)
+    return root, env
 
 
 def conveyor_command() -> str:

@@ -62,8 +62,8 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.projects import cli, median, no_server_env
-from benchmarks.reference import conveyor_command, make_template, stop_group
+from benchmarks.projects import cli, median
+from benchmarks.reference import conveyor_command, stop_group, trained_reference
 
 NAME = "serve-latency"
 DESCRIPTION = "HTTP latency of conveyor serve-model vs a bare FastAPI app with the same model (1-row requests)"
@@ -312,14 +312,11 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     per_thread = 20 if config.quick else 100
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-serve-"))
-    root, logs = scratch / "project", scratch / "logs"
+    logs = scratch / "logs"
     logs.mkdir()
     servers: list[Server] = []
     try:
-        make_template(root)
-        env = no_server_env(scratch / "prefect-home")
-        log(f"{NAME}: training the reference model (conveyor run, not counted)")
-        cli([conveyor_command(), "run"], root, env)
+        root, env = trained_reference(scratch, log, NAME)
         features = list(json.loads((root / "data/processed/stats.json").read_text())["features"])
         raw = pd.read_parquet(root / "data/raw").drop(columns=["target"])
         check(sorted(raw.columns) == sorted(features), f"data/raw's columns {sorted(raw.columns)} are not the "

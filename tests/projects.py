@@ -156,3 +156,21 @@ def linear_project(make_project: Callable[[], Project]) -> Project:
     project.write("tasks/linear.py", LINEAR_TASKS)
     project.write("models/linear.json", linear_model())
     return project
+
+
+def evaluated_test_rows(root: Path, raw: pd.DataFrame) -> tuple[list[int], list[float]]:
+    """For a trained reference project: the index in ``raw`` of each row of the test split, and
+    the stacked model's score of that row as the evaluate stage computes it."""
+    from tasks.evaluate import model_probabilities
+    from tasks.models import read_split
+    from tasks.preprocess import load_stats, standardise_rows
+
+    processed = root / "data/processed"
+    stats = load_stats(processed)
+    test = read_split(processed, "test")
+    standardised = standardise_rows(raw, stats["features"], pd.Series(stats["mean"]), pd.Series(stats["std"]))
+    where = {tuple(row): i for i, row in enumerate(standardised.to_numpy())}
+    ids = [where[tuple(row)] for row in test.features.to_numpy()]  # the raw row of each test row
+    evaluated = model_probabilities(test.features, *(root / p for p in (
+        "models/xgb.json", "models/mlp.pt", "models/stack.json")))["stack"]
+    return ids, evaluated.tolist()

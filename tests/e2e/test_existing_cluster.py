@@ -14,11 +14,8 @@ import pytest
 from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
+from projects import evaluated_test_rows
 from subprocs import stop_group
-
-from tasks.evaluate import model_probabilities
-from tasks.models import read_split
-from tasks.preprocess import load_stats, standardise_rows
 
 
 @pytest.fixture
@@ -82,12 +79,5 @@ def test_reference_pipeline_on_an_existing_cluster(reference_project: Project, d
     scores = pd.read_parquet(project.root / "scores.parquet")
     assert list(scores.columns) == ["id", "score"] and scores["id"].tolist() == list(range(len(raw)))
 
-    processed = project.root / "data/processed"
-    stats = load_stats(processed)
-    test = read_split(processed, "test")
-    standardised = standardise_rows(raw, stats["features"], pd.Series(stats["mean"]), pd.Series(stats["std"]))
-    where = {tuple(row): i for i, row in enumerate(standardised.to_numpy())}
-    ids = [where[tuple(row)] for row in test.features.to_numpy()]  # the raw row of each test row
-    evaluated = model_probabilities(test.features, *(project.root / p for p in (
-        "models/xgb.json", "models/mlp.pt", "models/stack.json")))["stack"]
-    assert scores["score"].to_numpy()[ids].tolist() == evaluated.tolist()
+    ids, evaluated = evaluated_test_rows(project.root, raw)
+    assert scores["score"].to_numpy()[ids].tolist() == evaluated

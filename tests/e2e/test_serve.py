@@ -26,13 +26,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import Project
-from projects import LINEAR_FEATURES, REPO, linear_model, linear_scores
+from projects import LINEAR_FEATURES, REPO, evaluated_test_rows, linear_model, linear_scores
 
 from conveyor.models import registry as reg
 from conveyor.predict.model import version_of
-from tasks.evaluate import model_probabilities
-from tasks.models import read_split
-from tasks.preprocess import load_stats, standardise_rows
+from tasks.preprocess import load_stats
 
 
 @dataclass
@@ -114,13 +112,8 @@ def test_the_service_scores_rows_as_the_evaluate_stage_did(reference_service: tu
     assert card["features"] == stats["features"] and card["files"]["xgb"] == "models/xgb.json"
     assert set(card["metrics"]) >= {"evaluate:stack.auc", "evaluate:mlp.auc"}
 
-    test = read_split(processed, "test")
-    standardised = standardise_rows(raw, stats["features"], pd.Series(stats["mean"]), pd.Series(stats["std"]))
-    where = {tuple(row): i for i, row in enumerate(standardised.to_numpy())}
-    ids = [where[tuple(row)] for row in test.features.to_numpy()]  # the raw row of each test row
-    evaluated = model_probabilities(test.features, *(project.root / p for p in (
-        "models/xgb.json", "models/mlp.pt", "models/stack.json")))["stack"]
-    assert np.asarray(body["scores"])[ids].tolist() == evaluated.tolist()
+    ids, evaluated = evaluated_test_rows(project.root, raw)
+    assert np.asarray(body["scores"])[ids].tolist() == evaluated
 
     openapi = httpx.get(f"{service.url}/openapi.json").json()
     row = openapi["components"]["schemas"]["Row"]
