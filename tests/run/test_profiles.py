@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conveyor.errors import ProfileError, UsageError
-from conveyor.run.profiles import LOCAL, Profiles, visible_gpus
+from conveyor.run.profiles import LOCAL, Profiles, deps_bytes, visible_gpus
 from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, ThreadsProfile
 
 if TYPE_CHECKING:
@@ -148,6 +148,52 @@ def test_a_stage_without_on_runs_locally() -> None:
         assert profiles.resolve(None) is None
         assert profiles.get(None) is LOCAL
         assert LOCAL.client is None and LOCAL.executor is None
+
+
+# --- in_process_below: small deps run in the runner's process --------------------------------
+
+
+def sized(path: Path, n: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * n)
+    return path
+
+
+def test_deps_under_in_process_below_run_in_process_and_start_no_cluster(tmp_path: Path, baseline: set[int]) -> None:
+    small = DaskProfile(kind="dask", n_workers=2, in_process_below="1KiB")
+    sized(tmp_path / "data/a/part-0", 300)
+    sized(tmp_path / "data/a/sub/part-1", 300)
+    sized(tmp_path / "data/b.csv", 1000)
+    with Profiles({"cpu": small, "gpu": DaskCudaProfile(kind="dask-cuda", fallback="cpu")}) as profiles:
+        placed = profiles.place("cpu", [tmp_path / "data/a"])
+        assert placed.in_process
+        assert placed.why == "in process: its deps hold 600 B, under the in_process_below of profile 'cpu' (1KiB)"
+        resources = profiles.in_process("cpu")
+        assert resources.profile == "cpu" and resources.client is None and resources.executor is None
+        assert children() == baseline  # deciding starts nothing
+
+        big = profiles.place("cpu", [tmp_path / "data/a", tmp_path / "data/b.csv"])
+        assert not big.in_process
+        assert big.why == "on the workers of profile 'cpu': its deps hold at least its in_process_below (1KiB)"
+        if not visible_gpus():  # the gpu profile falls back to cpu, and so does its placement
+            assert profiles.place("gpu", [tmp_path / "data/a"]).in_process
+
+
+def test_profiles_without_in_process_below_always_use_their_workers(tmp_path: Path) -> None:
+    sized(tmp_path / "tiny", 1)
+    with Profiles({"cpu": CPU, "io": IO}) as profiles:
+        for name in ("cpu", "io", None):
+            placed = profiles.place(name, [tmp_path / "tiny"])
+            assert not placed.in_process and placed.why == ""
+
+
+def test_deps_bytes_stops_counting_past_the_limit_and_skips_what_is_gone(tmp_path: Path) -> None:
+    for i in range(50):
+        sized(tmp_path / f"many/part-{i:02d}", 100)
+    (tmp_path / "many/dangling").symlink_to(tmp_path / "nowhere")
+    assert deps_bytes([tmp_path / "many"], stop_above=10**9) == 5000
+    assert 250 < deps_bytes([tmp_path / "many"], stop_above=250) <= 300  # stopped at the third file
+    assert deps_bytes([tmp_path / "missing"], stop_above=10) == 0
 
 
 # --- dask-cuda without a GPU --------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from conveyor.errors import SpecError, SpecIssue
+from conveyor.spec.models import DaskProfile, size_in_bytes
 from conveyor.spec.project import load_project
 
 if TYPE_CHECKING:
@@ -530,6 +531,31 @@ def test_good_memory_sizes(project: ProjectDir, size: str) -> None:
           ingest: {{task: "tasks.steps:fetch", outs: [data/raw]}}
     """))
     assert loaded.pipeline.profiles["cpu"].memory_limit == size  # type: ignore[union-attr]
+
+
+def test_bad_in_process_below_names_the_key(project: ProjectDir) -> None:
+    spec = project.spec("""
+        pipeline: demo
+        profiles:
+          cpu: {kind: dask, in_process_below: small}
+        stages:
+          ingest: {task: "tasks.steps:fetch", outs: [data/raw]}
+    """)
+    spec_error(spec, r"profiles\.cpu\.in_process_below: 'small' is not a size: write it like 64MiB or 500KB")
+
+
+@pytest.mark.parametrize(("size", "expected"), [("64MiB", 64 * 2**20), ("500KB", 500_000), ("1.5 GB", 1_500_000_000),
+                                                ("100", 100), ("2kib", 2048)])
+def test_in_process_below_reads_sizes_as_dask_does(project: ProjectDir, size: str, expected: int) -> None:
+    loaded = load_project(project.spec(f"""
+        pipeline: demo
+        profiles:
+          cpu: {{kind: dask, n_workers: 2, in_process_below: "{size}"}}
+        stages:
+          ingest: {{task: "tasks.steps:fetch", outs: [data/raw]}}
+    """))
+    profile = loaded.pipeline.profiles["cpu"]
+    assert isinstance(profile, DaskProfile) and size_in_bytes(str(profile.in_process_below)) == expected
 
 
 def test_negative_retries_and_zero_timeout(project: ProjectDir) -> None:

@@ -106,7 +106,7 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
         table.add_column(col, justify="right" if col in ("duration", "attempts") else "left")
     for name, st in record.stages.items():
         table.add_row(name, Text(st.status, style=STYLE.get(st.status, "")), f"{st.duration_s:.1f}s",
-                      st.profile or "", *([str(st.attempts)] if retried else []), st.error or st.reason)
+                      st.where, *([str(st.attempts)] if retried else []), st.error or st.reason)
     lines: list[RenderableType] = [table]
     if record.critical_path and any(st.status == "succeeded" for st in record.stages.values()):
         lines.append(Text(f"critical path: {' -> '.join(record.critical_path)} "

@@ -237,7 +237,7 @@ def pipeline_run_name() -> str:
 
 
 def _summary_markdown(run: RunRecord) -> str:
-    rows = [f"| {n} | {s.status} | {s.duration_s:.1f} | {s.profile or ''} | {s.attempts} | "
+    rows = [f"| {n} | {s.status} | {s.duration_s:.1f} | {s.where} | {s.attempts} | "
             f"{(s.error or s.reason).replace('|', '/')} |" for n, s in run.stages.items()]
     return "\n".join([
         f"# {run.pipeline}: {run.status}", "",

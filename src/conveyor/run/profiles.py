@@ -14,15 +14,17 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ProfileError, UsageError
-from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
+from conveyor.run.record import IN_PROCESS
+from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile, size_in_bytes
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -48,6 +50,43 @@ class Resources:
 
 
 LOCAL = Resources(profile="local")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage runs on its profile: on the profile's workers, or in the runner's process
+    because its deps are smaller than the profile's ``in_process_below`` (say why, either way)."""
+
+    in_process: bool = False
+    why: str = ""  # empty for a profile without in_process_below: its workers, as always
+
+
+def deps_bytes(paths: Iterable[Path], stop_above: int) -> int:
+    """Bytes held by the files at and under ``paths``; counting stops once past ``stop_above``
+    (a dep of a million files is not walked to the end to learn that it is big)."""
+    total = 0
+    for path in paths:
+        for root, _dirs, files in os.walk(path) if path.is_dir() else [(str(path.parent), [], [path.name])]:
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except OSError:  # a dangling link, or gone since listed: holds nothing to read
+                    continue
+                if total > stop_above:
+                    return total
+    return total
+
+
+def _size(n: int) -> str:
+    """``512 B``, ``84.2 KiB``, ``1.3 GiB``: a size as a person reads it."""
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def visible_gpus() -> tuple[int, ...]:
@@ -202,6 +241,27 @@ class Profiles(AbstractContextManager["Profiles"]):
             if target != self._overrides.get(name, name):
                 warnings.append(f"no GPU visible: profile '{name}' falls back to '{target}' (CPU)")
         return warnings
+
+    def place(self, name: str | None, deps: Iterable[Path]) -> Placement:
+        """In the runner's process when the stage's ``deps`` hold fewer bytes than its profile's
+        ``in_process_below``: for small inputs a cluster costs more (starting it, shipping the data,
+        scheduling tasks) than the work. Decided from file sizes only, before the profile starts."""
+        target = self.resolve(name)
+        profile = self._profiles.get(target) if target is not None else None
+        if not isinstance(profile, DaskProfile) or profile.in_process_below is None:
+            return Placement()
+        limit = size_in_bytes(profile.in_process_below)
+        held = deps_bytes(deps, stop_above=limit)
+        if held < limit:
+            return Placement(True, f"{IN_PROCESS}: its deps hold {_size(held)}, under the in_process_below "
+                                   f"of profile '{target}' ({profile.in_process_below})")
+        return Placement(False, f"on the workers of profile '{target}': its deps hold at least its "
+                                f"in_process_below ({profile.in_process_below})")
+
+    def in_process(self, name: str | None) -> Resources:
+        """What a stage placed in the runner's process gets: no client, no executor; dask
+        collections compute on dask's local scheduler in this process."""
+        return Resources(profile=self.resolve(name) or "local")
 
     def get(self, name: str | None) -> Resources:
         """The started profile for a stage's ``on:`` (None: in the runner's own process)."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 RUNNING = "running"  # a run's or a stage's status while it runs
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, SIGTERM, or killed (recorded by the next command)
+IN_PROCESS = "in process"  # how a stage's placement starts when it ran in the runner's process
 _V = TypeVar("_V")
 
 
@@ -78,6 +79,7 @@ class StageRecord:
 
     status: str = Outcome.NOT_RUN.value
     profile: str | None = None
+    placement: str | None = None  # in process or on the workers, and why (a profile with in_process_below)
     attempts: int = 0
     reason: str = ""
     started: str | None = None
@@ -87,6 +89,12 @@ class StageRecord:
     trace: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # from its declared metrics files
     item: dict[str, Any] | None = None  # the matrix item of this stage, if it has one
+
+    @property
+    def where(self) -> str:
+        """The profile as the live view and summary show it: ``cpu``, or ``cpu (in process)``."""
+        in_process = self.placement is not None and self.placement.startswith(IN_PROCESS)
+        return f"{self.profile or ''}{' (in process)' if in_process else ''}"
 
 
 @dataclass

@@ -93,13 +93,15 @@ class StageRunner:
             record.attempts += 1
             record.started = record.started or now().isoformat()
         record.profile = self.profiles.resolve(spec.on) or "local"
-        resources = self.profiles.get(spec.on)
+        placement = self.profiles.place(spec.on, [self.project.root / dep for dep in spec.deps])
+        record.placement = placement.why or None
+        resources = self.profiles.in_process(spec.on) if placement.in_process else self.profiles.get(spec.on)
         with self._mutex:
             given_up = self._abandoned.get(stage)
         if given_up is not None:  # a retry of a stage abandoned by its timeout: the flow has moved on
             raise given_up
         progress = StageProgress()
-        self.view.started(stage, record.profile, progress)
+        self.view.started(stage, record.where, progress)
         self._threads[stage] = threading.current_thread()
         try:
             try:
@@ -152,6 +154,9 @@ class StageRunner:
         path = log_path(self.project.root, self.run.run_id, stage)
         frozen = stage in self.project.frozen  # DVC's frozen stage: its outs are checked, never rewritten
         with StageLog(path, stage, attempt, on_line=progress.note) as log:
+            placement = self.run.stages[stage].placement
+            if placement:
+                log.line("log", f"runs {placement}")
             if attempt > 1:
                 self._free_workers(stage, resources, f"before attempt {attempt}")
             fn = self._import(stage, progress) if spec.task else None

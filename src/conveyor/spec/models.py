@@ -44,6 +44,24 @@ def _check_bytes(value: str | None) -> str | None:
     return value
 
 
+def _check_size(value: str | None) -> str | None:
+    if value is not None and not BYTES.match(value):
+        raise ValueError(f"'{value}' is not a size: write it like 64MiB or 500KB")
+    return value
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def size_in_bytes(text: str) -> int:
+    """``64MiB`` -> 67108864, as Dask reads sizes (``MB`` is 10**6, ``MiB`` 2**20)."""
+    match = BYTES.match(text)
+    if match is None:
+        raise ValueError(f"'{text}' is not a size")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+
+
 class ThreadsProfile(Model):
     """A thread pool in the runner's process: I/O-bound stages (ingest)."""
 
@@ -70,8 +88,11 @@ class DaskProfile(Model):
     memory_limit: str | None = None
     local_directory: str | None = None
     processes: bool = True
+    # a stage whose deps hold fewer bytes runs in the runner's process, no cluster started for it
+    in_process_below: str | None = None
 
     _bytes = field_validator("memory_limit")(_check_bytes)
+    _size = field_validator("in_process_below")(_check_size)
 
     @model_validator(mode="after")
     def _one_kind_of_cluster(self) -> DaskProfile:
