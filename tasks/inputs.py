@@ -28,14 +28,24 @@ def declared(ctx: StageContext, path: Path) -> str:
     return next((declared for declared, dep in ctx.deps.items() if dep == path), str(path))
 
 
-def read_parts(raw: Path, source: str) -> dd.DataFrame:
+def read_parts(raw: Path, source: str, *, at_once_below: int = 0) -> dd.DataFrame:
     """The parquet parts under ``raw``, lazily; an empty directory is an error that says so.
 
-    dask's own error for it ("No files satisfy the `parquet_file_extension` criteria")
+    Parts holding fewer than ``at_once_below`` bytes in all are read now, in this process, as
+    one partition: for data that small, a task per part and per step costs more than the work
+    (569 rows in 12 parts: 1.3 s of dask scheduling against 0.2 s as one partition).
+    dask's own error for no parts ("No files satisfy the `parquet_file_extension` criteria")
     names neither the directory nor the stage that should have filled it.
     """
     import dask.dataframe as dd
 
+    parts = _parquet_parts(raw) if at_once_below else []
+    if parts and sum(part.stat().st_size for part in parts) < at_once_below:
+        import pandas as pd
+
+        whole: dd.DataFrame = dd.from_pandas(pd.concat([pd.read_parquet(part) for part in parts],
+                                                       ignore_index=True), npartitions=1)
+        return whole
     try:
         frame: dd.DataFrame = dd.read_parquet(str(raw))
     except ValueError as error:

@@ -28,6 +28,7 @@ SPLITS = ("train", "valid", "test")
 SPLIT_COLUMN = "split"
 DDOF = 1  # sample standard deviation, as pandas' default
 SCALED_LIMIT = 1e6  # standard deviations a scaled value is clipped to; the train split lies within a few dozen
+AT_ONCE_BELOW = 128 * 2**20  # parquet bytes a stage without a cluster reads at once, as one partition
 _BINS = 1 << 16  # histogram resolution of the split key when locating per-class cut points
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
@@ -68,13 +69,19 @@ def prepare(ctx: StageContext) -> None:
     source = inputs.declared(ctx, raw)
     ctx.progress.start(3, unit="steps", description="preprocessing")
     with inputs.naming_bad_parts(raw, source):
-        frame = clean(inputs.read_parts(raw, source), label, source=source)
+        # no cluster (a stage placed in process): small data as one partition, computed in this thread
+        raw_frame = inputs.read_parts(raw, source, at_once_below=AT_ONCE_BELOW if ctx.client is None else 0)
+        scheduler = "sync" if ctx.client is None and raw_frame.npartitions == 1 else None
+        if scheduler is not None:
+            ctx.log.info("%s read at once: one partition, computed in this process", source)
+        frame = clean(raw_frame, label, source=source)
         features = [column for column in frame.columns if column != label]
-        tagged = split_rows(frame, label=label, seed=seed, fractions=fractions, source=source)
+        tagged = split_rows(frame, label=label, seed=seed, fractions=fractions, source=source, scheduler=scheduler)
         ctx.progress.advance(1)
         stats, class_counts = compute(
             _column_stats_graph(_select(tagged, "train")[features]),
             tagged.groupby([SPLIT_COLUMN, label]).size(split_out=1),
+            scheduler=scheduler,
         )
         column_stats = _finish_stats(*stats)
         ctx.progress.advance(1)
@@ -85,7 +92,7 @@ def prepare(ctx: StageContext) -> None:
             )
             for split in SPLITS
         ]
-        compute(*writes)
+        compute(*writes, scheduler=scheduler)
     summary = _summary(label, features, seed, fractions, column_stats, class_counts)
     write_json(out / "stats.json", summary)
     ctx.progress.advance(1)
@@ -110,7 +117,8 @@ def clean(frame: dd.DataFrame, label: str, *, source: str = "the data") -> dd.Da
 
 
 def split_rows(
-    frame: dd.DataFrame, *, label: str, seed: int, fractions: Fractions, source: str = "the data"
+    frame: dd.DataFrame, *, label: str, seed: int, fractions: Fractions, source: str = "the data",
+    scheduler: str | None = None,
 ) -> dd.DataFrame:
     """``frame`` with a ``split`` column: exactly stratified, seeded, partition-independent.
 
@@ -121,13 +129,14 @@ def split_rows(
     values share a key and so a split). The per-class cut points come from a histogram
     of the keys plus the few keys in the bins that hold a cut point: two small aggregates.
     The histogram also counts the classes: fewer than two is an error naming ``source``.
+    ``scheduler``: dask's for those two (None: the current client's, else dask's default).
     """
     keys = frame.map_partitions(_split_keys, label, seed)
     # split_out=1: a tree reduction to one small result, not a shuffle
-    counts = keys.groupby([label, "bin"]).size(split_out=1).compute().sort_index()
+    counts = keys.groupby([label, "bin"]).size(split_out=1).compute(scheduler=scheduler).sort_index()
     inputs.check_classes(counts, label, source)
     cuts = _cut_ranks(counts, fractions)
-    boundary = keys[keys.map_partitions(_in_bins, label, sorted(_bins_of(cuts)))].compute()
+    boundary = keys[keys.map_partitions(_in_bins, label, sorted(_bins_of(cuts)))].compute(scheduler=scheduler)
     thresholds = _thresholds(cuts, boundary, label)
     tagged: dd.DataFrame = frame.map_partitions(_tag_split, label, seed, thresholds)
     return tagged

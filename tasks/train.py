@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from conveyor.train.seed import deterministic_torch
-from conveyor.train.xgb import client_or_local, train_xgboost
+from conveyor.train.xgb import train_xgboost
 from tasks import mlp, models
 from tasks.files import write_json
 from tasks.preprocess import load_stats
@@ -27,7 +27,8 @@ _DIGITS = 6  # metrics are rounded, so reruns and diffs read the same
 
 
 def xgboost_model(ctx: StageContext) -> None:
-    """Train a booster with ``xgboost.dask`` on the stage's cluster, early-stopped on valid."""
+    """Train a booster with ``xgboost.dask`` on the stage's cluster, early-stopped on valid; in
+    this process with ``xgb.train`` when the stage has no cluster (placed in process)."""
     import dask.dataframe as dd
 
     params: Mapping[str, Any] = ctx.section("train.xgb")
@@ -38,16 +39,15 @@ def xgboost_model(ctx: StageContext) -> None:
         "objective": "binary:logistic", "eval_metric": "logloss",
         "device": "cuda" if ctx.devices else "cpu", "seed": int(ctx.params["seed"]),
     }
-    ctx.progress.start(3, unit="steps", description="xgboost.dask")
-    with client_or_local(ctx.client) as client:
-        split: dict[str, dd.DataFrame] = {
-            name: dd.read_parquet(str(processed / name), columns=[*stats["features"], stats["label"]])
-            for name in ("train", "valid")}
-        ctx.progress.advance(1)
-        trained = train_xgboost(client, booster_params, split["train"], valid=split["valid"], label=stats["label"],
-                                features=stats["features"], num_boost_round=int(params["num_boost_round"]),
-                                early_stopping_rounds=int(params["early_stopping_rounds"]))
-        ctx.progress.advance(1)
+    ctx.progress.start(3, unit="steps", description="xgboost.dask" if ctx.client is not None else "xgboost")
+    split: dict[str, dd.DataFrame] = {
+        name: dd.read_parquet(str(processed / name), columns=[*stats["features"], stats["label"]])
+        for name in ("train", "valid")}
+    ctx.progress.advance(1)
+    trained = train_xgboost(ctx.client, booster_params, split["train"], valid=split["valid"], label=stats["label"],
+                            features=stats["features"], num_boost_round=int(params["num_boost_round"]),
+                            early_stopping_rounds=int(params["early_stopping_rounds"]))
+    ctx.progress.advance(1)
     models.save_xgb(ctx.out(), trained.booster)
     losses = trained.history["valid"]["logloss"]
     write_json(ctx.metric(), {

@@ -3,13 +3,14 @@
 :func:`train_xgboost` takes dask DataFrames, pins one contiguous range of rows to each
 worker in xgboost's rank order, holds the cluster's collective lock while xgboost's
 ranks wait on each other, and returns the booster cut at its best round with the
-evaluation history. The same seed, data and cluster size give the same booster.
+evaluation history. The same seed, data and cluster size give the same booster. With no
+client (a stage placed in the runner's process) it is ``xgb.train`` in this process on the
+same rows: for data that small, a cluster costs more than the training.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,15 +33,20 @@ class Trained:
     n_workers: int
 
 
-def train_xgboost(client: Client, params: Mapping[str, Any], train: dd.DataFrame, *, label: str,
+def train_xgboost(client: Client | None, params: Mapping[str, Any], train: dd.DataFrame, *, label: str,
                   features: Sequence[str] | None = None, valid: dd.DataFrame | None = None,
                   num_boost_round: int = 100, early_stopping_rounds: int | None = None) -> Trained:
-    """Fit ``params`` (xgboost's own) on ``train``; evaluated and early-stopped on ``valid`` when given."""
+    """Fit ``params`` (xgboost's own) on ``train``; evaluated and early-stopped on ``valid`` when given.
+
+    ``client`` None: ``xgb.train`` in this process (``nthread`` from ``params``, else every core).
+    """
+    columns = list(features) if features is not None else [c for c in train.columns if c != label]
+    if client is None:
+        return _train_here(params, train, columns, label, valid, num_boost_round, early_stopping_rounds)
     import xgboost as xgb
     import xgboost.collective
     import xgboost.dask
 
-    columns = list(features) if features is not None else [c for c in train.columns if c != label]
     workers = workers_in_rank_order(client)
     train = pinned(client, train[[*columns, label]], workers)
     evals = []
@@ -54,10 +60,32 @@ def train_xgboost(client: Client, params: Mapping[str, Any], train: dd.DataFrame
         result = xgb.dask.train(client, dict(params), dtrain, num_boost_round=num_boost_round, evals=evals,
                                 early_stopping_rounds=early_stopping_rounds if evals else None, verbose_eval=False,
                                 coll_cfg=coll_cfg)
-    booster, history = result["booster"], result["history"]
-    rounds = len(next(iter(history["valid"].values()))) if evals else num_boost_round
-    best = int(booster.best_iteration) if evals and early_stopping_rounds else rounds - 1
-    return Trained(booster[: best + 1], best, rounds, history, len(workers))
+    return _trained(result["booster"], result["history"], bool(evals), num_boost_round, early_stopping_rounds,
+                    len(workers))
+
+
+def _train_here(params: Mapping[str, Any], train: dd.DataFrame, columns: list[str], label: str,
+                valid: dd.DataFrame | None, num_boost_round: int, early_stopping_rounds: int | None) -> Trained:
+    """``xgb.train`` on the rows of ``train`` (and ``valid``), computed in this process."""
+    import xgboost as xgb
+    from dask.base import compute
+
+    frames = compute(train[[*columns, label]], *([valid[[*columns, label]]] if valid is not None else []))
+    matrices = [xgb.DMatrix(frame[columns], label=frame[label]) for frame in frames]
+    history: dict[str, dict[str, list[float]]] = {}
+    evals = [(matrices[1], "valid")] if valid is not None else []
+    booster = xgb.train(dict(params), matrices[0], num_boost_round=num_boost_round, evals=evals,
+                        early_stopping_rounds=early_stopping_rounds if evals else None, evals_result=history,
+                        verbose_eval=False)
+    return _trained(booster, history, bool(evals), num_boost_round, early_stopping_rounds, 1)
+
+
+def _trained(booster: xgb.Booster, history: Mapping[str, Mapping[str, list[float]]], evaluated: bool,
+             num_boost_round: int, early_stopping_rounds: int | None, n_workers: int) -> Trained:
+    """The booster cut at its best round (the last one without early stopping)."""
+    rounds = len(next(iter(history["valid"].values()))) if evaluated else num_boost_round
+    best = int(booster.best_iteration) if evaluated and early_stopping_rounds else rounds - 1
+    return Trained(booster[: best + 1], best, rounds, history, n_workers)
 
 
 def tracker_host(scheduler_address: str) -> str:
@@ -106,27 +134,3 @@ def pinned(client: Client, frame: dd.DataFrame, workers: list[str]) -> dd.DataFr
     wait(futures)
     result: dd.DataFrame = dd.from_delayed(futures, meta=dict(frame.dtypes), verify_meta=False)
     return result
-
-
-@contextmanager
-def client_or_local(client: Client | None, *, n_workers: int = 2) -> Iterator[Client]:
-    """The stage's client, or a small in-process cluster for the duration of the call.
-
-    The private client is made current for this thread only, as the runner does with its
-    own: not the process-wide default, so other stages of this process keep theirs.
-    """
-    if client is not None:
-        yield client
-        return
-    from distributed import Client, LocalCluster
-
-    from conveyor.run.stage import current_client
-
-    with (
-        # in-process workers (no sockets); no dashboard, and its HTTP server on a free port
-        LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=False,
-                     dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False}) as cluster,
-        Client(cluster, set_as_default=False) as own,
-        current_client(own),
-    ):
-        yield own
