@@ -156,7 +156,12 @@ def column_stats(frame: dd.DataFrame) -> ColumnStats:
 
 
 def _column_stats_graph(frame: dd.DataFrame) -> tuple[dd.Series, dd.Series, dd.Series]:
-    """Lazy mean, sum of squared deviations and count: two passes, numerically stable."""
+    """Lazy mean, sum of squared deviations and count: two passes, numerically stable.
+
+    Summed in float64: float32 sums round at 1e-7, so the statistics (and every standardised
+    value) would depend on how the rows happen to be partitioned, in process or on a cluster.
+    """
+    frame = frame.astype("float64")
     mean = frame.mean()
     return mean, ((frame - mean) ** 2).sum(), frame.count()
 
