@@ -17,6 +17,7 @@ from benchmarks import (
     noop,
     parallel_branches,
     predict_batch,
+    preprocess_pandas,
     preprocess_workers,
     reference,
     serve_latency,
@@ -25,7 +26,7 @@ from benchmarks import (
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
-                                                          predict_batch, serve_latency)}
+                                                          predict_batch, serve_latency, preprocess_pandas)}
 
 
 def _log(line: str) -> None:

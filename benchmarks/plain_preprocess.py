@@ -1,0 +1,87 @@
+"""The peer of the preprocess stage a user would write: the same steps in one pandas process.
+
+``python benchmarks/plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``:
+read every parquet part under RAW into one pandas frame, then do what
+``tasks.preprocess:prepare`` does with dask.dataframe (clean, exact stratified hash split,
+train statistics, standardise) with the task's own per-partition helpers applied to the
+whole frame, so the rows are the task's rows; write ``OUT/{train,valid,test}/part-00000.parquet``
+and ``OUT/stats.json`` (``tasks.preprocess._summary``). No dask, no conveyor.
+
+It prints one JSON line: ``seconds`` (the work, from the first read to stats.json written;
+not the interpreter's start nor the imports), ``imports`` (seconds of the imports) and
+``forbidden`` (which of dask, distributed, conveyor, prefect the process had imported:
+none, by design).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, cast
+
+STARTED = time.perf_counter()
+
+import pandas as pd  # noqa: E402 - after STARTED: the imports are timed apart from the work
+import pyarrow.parquet  # noqa: E402, F401 - what pd.read_parquet imports on first use
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tasks/ of this repository, as a script
+
+from tasks import inputs  # noqa: E402
+from tasks import preprocess as prep  # noqa: E402
+from tasks.files import write_json  # noqa: E402
+
+IMPORTED = time.perf_counter()
+FORBIDDEN = ("dask", "distributed", "conveyor", "prefect")
+PART = "part-00000.parquet"
+
+
+def preprocess(raw: Path, out: Path, *, label: str = "target", valid: float = 0.15, test: float = 0.2,
+               seed: int = 42) -> dict[str, Any]:
+    """The preprocess stage's steps on one pandas frame; the stats.json it wrote."""
+    fractions = prep.Fractions(valid=valid, test=test)
+    # clean() and inputs.check_columns() read only .columns/.dtypes/.dropna/.astype: pandas has them all
+    frame = cast(pd.DataFrame, prep.clean(cast(Any, pd.read_parquet(raw)), label, source=str(raw)))
+    features = [column for column in frame.columns if column != label]
+    keys = prep._split_keys(frame, label, seed)
+    counts = keys.groupby([label, "bin"]).size().sort_index()
+    inputs.check_classes(counts, label, str(raw))
+    cuts = prep._cut_ranks(counts, fractions)
+    boundary = keys[prep._in_bins(keys, label, sorted(prep._bins_of(cuts)))]
+    tagged = prep._tag_split(frame, label, seed, prep._thresholds(cuts, boundary, label))
+    del keys, boundary
+    train = tagged.loc[tagged[prep.SPLIT_COLUMN] == "train", features].astype("float64")  # as the task sums
+    mean = train.mean()
+    stats = prep._finish_stats(mean, ((train - mean) ** 2).sum(), train.count())
+    del train
+    class_counts = tagged.groupby([prep.SPLIT_COLUMN, label]).size()
+    for split in prep.SPLITS:
+        rows = tagged[tagged[prep.SPLIT_COLUMN] == split].drop(columns=[prep.SPLIT_COLUMN])
+        (out / split).mkdir(parents=True, exist_ok=True)
+        prep._standardise_part(rows, features, stats.mean, stats.std).to_parquet(out / split / PART, index=False)
+    summary = prep._summary(label, features, seed, fractions, stats, class_counts)
+    write_json(out / "stats.json", summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="plain_preprocess.py", description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--label", default="target")
+    parser.add_argument("--valid", type=float, default=0.15)
+    parser.add_argument("--test", type=float, default=0.2)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    began = time.perf_counter()
+    summary = preprocess(args.raw, args.out, label=args.label, valid=args.valid, test=args.test, seed=args.seed)
+    seconds = time.perf_counter() - began
+    print(json.dumps({"seconds": seconds, "imports": IMPORTED - STARTED, "rows": summary["rows"],
+                      "forbidden": sorted(m for m in FORBIDDEN if m in sys.modules)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
