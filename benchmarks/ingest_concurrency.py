@@ -4,19 +4,35 @@ Many small CSV sources behind a server that answers each request 100 ms late: th
 ingest is waiting, not computing, so a thread pool of 8 should finish several times
 sooner than one of 1. The task is called directly with a StageContext whose executor is
 the pool (as the ``threads`` profile gives it); each run writes a fresh ``data/raw``.
+
+Then the goal of issue 14, item 4: "ingest at >= 0.8 of ideal: 64 sources with 100 ms
+latency at ``max_workers`` 16: wall <= 1.25 x ceil(64/16) x 0.1 s plus start-up".
+``conveyor.ingest.fetch_sources`` on a ThreadPoolExecutor(max_workers=16) fetches 64
+sources, interleaved with the same call on 1 source, whose wall less the latency its
+requests waited (one after the other) is the start-up. Efficiency = ideal / (wall - start-up),
+per repetition. The server notes when each request arrives, which tells where the wall
+goes: listing (a HEAD per source), transfers (a GET per source), and what follows the last
+response. ``python -m benchmarks.ingest_concurrency [--quick]`` runs this part alone (table
+and notes to stdout, no result file).
 """
 
 from __future__ import annotations
 
 import io
+import math
+import re
 import shutil
+import statistics
+import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import Config, Metric, Result, check, interleaved, table, timed
 from benchmarks.latency_server import LatencyServer
 from benchmarks.stages import context, digest, read_parts
 
@@ -27,6 +43,14 @@ LATENCY_S = 0.1
 BASELINE_WORKERS = 1
 CANDIDATE_WORKERS = 8
 WARM_UP_SOURCES = 2
+# The goal (issue 14, item 4): GOAL_SOURCES sources at max_workers GOAL_WORKERS, wall - start-up
+# within 1 / GOAL_EFFICIENCY (1.25) x the ideal ceil(GOAL_SOURCES / GOAL_WORKERS) x LATENCY_S.
+GOAL_SOURCES = 64
+GOAL_WORKERS = 16
+GOAL_EFFICIENCY = 0.8
+GOAL_ROWS = 1000  # rows per source (~47 KB): small, so the measurement is about waiting
+GOAL_ROUNDS = math.ceil(GOAL_SOURCES / GOAL_WORKERS)
+GOAL_IDEAL_S = GOAL_ROUNDS * LATENCY_S
 
 
 def csv_bytes(rows: int, seed: int) -> bytes:
@@ -44,6 +68,226 @@ def ingest_params(urls: list[str]) -> dict[str, Any]:
     timing, so one shows up as extra requests and fails the request-count check."""
     return {"sources": urls, "columns": COLUMNS, "skip_rows": 1, "dtype": "float64", "mode": "files",
             "retry": {"attempts": 3, "initial_delay_s": 0.05, "max_delay_s": 0.2}, "timeout_s": 30}
+
+
+@dataclass
+class _ArrivalServer(LatencyServer):
+    """The latency server, noting when each request arrives (``time.perf_counter``), by method."""
+
+    arrivals: list[tuple[str, float]] = field(default_factory=list)
+
+    def count(self, method: str) -> None:
+        self.arrivals.append((method, time.perf_counter()))  # one append: atomic under the GIL
+        super().count(method)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One ``fetch_sources`` call: its wall, and its requests as the server saw them (times in s
+    after the call began, when each request reached the server, before its latency)."""
+
+    wall_s: float
+    heads: int
+    gets: int
+    last_head_s: float  # 0 without a HEAD
+    first_get_s: float
+    last_get_s: float
+
+    @property
+    def requests(self) -> int:
+        return self.heads + self.gets
+
+
+@dataclass(frozen=True)
+class Goal:
+    """The goal's repetitions: ``one`` the 1-source calls, ``many`` the GOAL_SOURCES-source ones, paired."""
+
+    kb_per_source: float
+    one: list[Call]
+    many: list[Call]
+
+    def walls(self) -> list[float]:
+        return [call.wall_s for call in self.many]
+
+    def startups(self, waits: int | None = None) -> list[float]:
+        """Per repetition: the 1-source wall less the latency its requests waited, one after the
+        other (``waits`` of them; None: every request the call made)."""
+        return [call.wall_s - (call.requests if waits is None else waits) * LATENCY_S for call in self.one]
+
+    def efficiencies(self, waits: int | None = None) -> list[float]:
+        """Per repetition: ideal / (wall - start-up)."""
+        return [GOAL_IDEAL_S / (wall - startup) for wall, startup in zip(self.walls(), self.startups(waits),
+                                                                          strict=True)]
+
+    def bounds(self, waits: int | None = None) -> list[float]:
+        """Per repetition: the goal's bound on the wall, 1.25 x ideal + start-up."""
+        return [GOAL_IDEAL_S / GOAL_EFFICIENCY + startup for startup in self.startups(waits)]
+
+
+def measure_goal(config: Config, log: Callable[[str], None]) -> Goal:
+    """``conveyor.ingest.fetch_sources`` of GOAL_SOURCES sources on a pool of GOAL_WORKERS, interleaved
+    with the same call on 1 source; every call checked against what the server served."""
+    import pandas as pd
+
+    from conveyor.ingest import fetch_sources
+
+    repeats = config.reps(full=5, quick=3)
+    files = {f"source-{i:03d}.csv": csv_bytes(GOAL_ROWS, seed=1000 + i) for i in range(GOAL_SOURCES)}
+    names = sorted(files)
+    frames = [pd.read_csv(io.BytesIO(files[name]), skiprows=1, header=None, names=COLUMNS).astype("float64")
+              for name in names]
+    expected = {n: (sum(map(len, frames[:n])), digest(pd.concat(frames[:n], ignore_index=True)),
+                    sum(len(files[name]) for name in names[:n])) for n in (1, GOAL_SOURCES)}
+    root = Path(tempfile.mkdtemp(prefix="conveyor-bench-ingest-goal-"))
+    server = _ArrivalServer(files, latency_s=LATENCY_S)
+    runs = [0]
+    try:
+        with server:
+            urls = [server.url(name) for name in names]
+
+            def fetch(n: int) -> Call:
+                runs[0] += 1
+                out = root / f"run-{runs[0]:03d}" / "raw"
+                with ThreadPoolExecutor(max_workers=GOAL_WORKERS, thread_name_prefix="bench-ingest-goal") as pool:
+                    mark = len(server.arrivals)
+                    started = time.perf_counter()
+                    done = fetch_sources(ingest_params(urls[:n]), out, executor=pool)
+                    wall = time.perf_counter() - started
+                arrived = server.arrivals[mark:]
+                heads = sorted(at - started for method, at in arrived if method == "HEAD")
+                gets = sorted(at - started for method, at in arrived if method == "GET")
+                rows, want, size = expected[n]
+                what = f"{n} source(s) at max_workers={GOAL_WORKERS}"
+                check(len(gets) == n and done.retries == 0 and len(heads) + len(gets) == len(arrived),
+                      f"{what}: {len(gets)} GET, {len(heads)} HEAD, {len(arrived)} requests in all and "
+                      f"{done.retries} retries; expected one GET per source and no retry")
+                check(done.sources == n and done.parts == n, f"{what}: {done.sources} sources in {done.parts} "
+                                                             f"parts reported, expected {n} in {n}")
+                check(done.bytes == size, f"{what}: {done.bytes} bytes arrived, the server serves {size}")
+                written = {int(m[1]) for part in out.glob("part-*.parquet")
+                           if (m := re.fullmatch(r"part-(\d{5})(-\d{4})?\.parquet", part.name))}
+                check(written == set(range(n)), f"{what}: no parquet part for source(s) "
+                                                f"{sorted(set(range(n)) - written)}")
+                frame = read_parts(out)
+                check(len(frame) == rows == done.rows, f"{what}: {len(frame)} rows in the parts, {done.rows} "
+                                                       f"reported, the sources hold {rows}")
+                check(digest(frame) == want, f"{what}: the ingested rows differ from the sources' (content or "
+                                             "order)")
+                shutil.rmtree(out.parent)
+                return Call(wall, len(heads), len(gets), max(heads, default=0.0), gets[0], gets[-1])
+
+            log(f"{NAME}: goal: warm-up (one run of {GOAL_SOURCES} sources at max_workers={GOAL_WORKERS}, "
+                "not counted)")
+            fetch(GOAL_SOURCES)
+            log(f"{NAME}: goal: {repeats} interleaved repetitions, 1 source and {GOAL_SOURCES} sources")
+            one, many = interleaved(repeats, lambda _i: fetch(1), lambda _i: fetch(GOAL_SOURCES), log)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for calls, n in ((one, 1), (many, GOAL_SOURCES)):
+        pattern = {(call.heads, call.gets) for call in calls}
+        check(len(pattern) == 1, f"{n} source(s): the requests per call differ between repetitions: {pattern}")
+    return Goal(sum(map(len, files.values())) / GOAL_SOURCES / 1e3, one, many)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def goal_metrics(goal: Goal) -> list[Metric]:
+    """Two rows whose ratio column is the verdict: the wall against the goal's bound (>= 1: met), and
+    the efficiency ideal / (wall - start-up) (>= GOAL_EFFICIENCY: met)."""
+    startups = goal.startups()
+    where = f"{GOAL_SOURCES} sources @ max_workers {GOAL_WORKERS}"
+    return [
+        Metric(f"goal, {where}: bound {1 / GOAL_EFFICIENCY:g} x ideal + start-up vs wall (s); ratio >= 1",
+               goal.bounds(), goal.walls(), digits=3),
+        Metric(f"goal, {where}: ideal {GOAL_IDEAL_S:g} vs wall - start-up (s); ratio = efficiency >= "
+               f"{GOAL_EFFICIENCY:.2f}", [GOAL_IDEAL_S] * len(startups),
+               [wall - startup for wall, startup in zip(goal.walls(), startups, strict=True)], digits=3),
+    ]
+
+
+def goal_setup(goal: Goal) -> dict[str, str]:
+    return {
+        "goal sources": f"{GOAL_SOURCES} CSV files of {GOAL_ROWS} rows x {len(COLUMNS)} columns "
+                        f"(~{goal.kb_per_source:.0f} KB each), mode: files, behind a server of their own (as above)",
+        "goal calls": f"conveyor.ingest.fetch_sources on a ThreadPoolExecutor(max_workers={GOAL_WORKERS}) (what a "
+                      f"threads profile with max_workers: {GOAL_WORKERS} gives a stage), {GOAL_SOURCES} sources, "
+                      "interleaved with the same call on 1 source; warm-up: one call of "
+                      f"{GOAL_SOURCES} sources, not counted",
+        "goal start-up": "per repetition, the 1-source wall less the latency its requests waited one after the "
+                         f"other ({goal.one[0].requests} x {LATENCY_S:g} s): what the call costs beyond waiting",
+        "goal ideal": f"ceil({GOAL_SOURCES}/{GOAL_WORKERS}) x {LATENCY_S:g} s = {GOAL_IDEAL_S:g} s of waiting; "
+                      f"efficiency = ideal / (wall - start-up), per repetition",
+    }
+
+
+def goal_checks() -> list[str]:
+    return [f"goal: every call of 1 and of {GOAL_SOURCES} sources fetched each source once (one GET each, no "
+            "retry), reported as many sources and parts and as many bytes as the server serves, wrote a parquet "
+            "part for every source, and its rows are the sources' (count, and content hash in order)",
+            "goal: every repetition made the same requests"]
+
+
+def goal_notes(goal: Goal) -> list[str]:
+    med = statistics.median
+    wall, startup, one_wall = med(goal.walls()), med(goal.startups()), med(c.wall_s for c in goal.one)
+    efficiency, bound = med(goal.efficiencies()), med(goal.bounds())
+    held = med(b / w for b, w in zip(goal.bounds(), goal.walls(), strict=True)) >= 1
+    lenient_startup, lenient_eff, lenient_bound = (med(goal.startups(waits=1)), med(goal.efficiencies(waits=1)),
+                                                   med(goal.bounds(waits=1)))
+    lenient_held = med(b / w for b, w in zip(goal.bounds(waits=1), goal.walls(), strict=True)) >= 1
+    first, many = goal.one[0], goal.many[0]
+    per_source = many.requests / GOAL_SOURCES
+    floor = per_source * GOAL_IDEAL_S
+    to_first_get = med(c.first_get_s for c in goal.many)
+    last_head = med(c.last_head_s for c in goal.many)
+    gets_span = med(c.last_get_s - c.first_get_s for c in goal.many)
+    after = med(c.wall_s - c.last_get_s for c in goal.many)
+    listing = (f"{many.heads} HEAD (listing) arrived from 0 to {last_head:.3f} s, the first GET at {to_first_get:.3f} "
+               f"s ({to_first_get - last_head - LATENCY_S:+.3f} s after the last HEAD's answer): the listing, at most "
+               f"{GOAL_WORKERS} at a time, ran before any transfer began" if many.heads else
+               f"no HEAD; the first GET arrived at {to_first_get:.3f} s")
+    return [
+        f"goal (issue 14, item 4): ingest at >= {GOAL_EFFICIENCY:g} of ideal: {GOAL_SOURCES} sources with "
+        f"{LATENCY_S * 1e3:.0f} ms latency at max_workers {GOAL_WORKERS}: wall <= {1 / GOAL_EFFICIENCY:g} x "
+        f"ceil({GOAL_SOURCES}/{GOAL_WORKERS}) x {LATENCY_S:g} s plus start-up",
+        f"goal verdict (medians): wall {wall:.3f} s; start-up {startup:.3f} s (the 1-source wall, {one_wall:.3f} s, "
+        f"less the {first.requests} x {LATENCY_S:g} s its {first.requests} requests ({first.heads} HEAD, "
+        f"{first.gets} GET) waited); bound {1 / GOAL_EFFICIENCY:g} x {GOAL_IDEAL_S:g} s + start-up = {bound:.3f} s: "
+        f"{_met(held)}; efficiency ideal / (wall - start-up) = {efficiency:.2f} (median of the repetitions'; goal "
+        f">= {GOAL_EFFICIENCY:.2f}): {_met(efficiency >= GOAL_EFFICIENCY)}",
+        f"goal, with the start-up taken as wall(1 source) - {LATENCY_S:g} s = {lenient_startup:.3f} s (one wait "
+        f"subtracted: the 1-source call's other waits counted as start-up): bound {lenient_bound:.3f} s: "
+        f"{_met(lenient_held)}; efficiency "
+        f"{lenient_eff:.2f}: {_met(lenient_eff >= GOAL_EFFICIENCY)}",
+        f"goal: conveyor makes {per_source:g} requests per source ({many.heads} HEAD, {many.gets} GET for "
+        f"{GOAL_SOURCES} sources); if each kind waits its own {GOAL_ROUNDS} rounds, the latency alone is "
+        f"{per_source:g} x {GOAL_IDEAL_S:g} s = {floor:.1f} s, so the efficiency against the goal's ideal (one "
+        f"wait per source) cannot exceed {GOAL_IDEAL_S / floor:.2f}; against that floor it is "
+        f"{floor / (wall - startup):.2f}",
+        f"goal, where the {wall:.3f} s go (medians, as the server saw the requests): {listing}; the GETs arrived "
+        f"over {gets_span:.3f} s ({GOAL_ROUNDS - 1} x {LATENCY_S:g} s if each round began as the previous one's "
+        f"answers came); after the last GET arrived, {after:.3f} s ({LATENCY_S:g} s its latency, the rest parsing "
+        "and parquet writing of the last sources, under the GIL with the other threads')",
+        "goal: the latency server runs in this process, so its request handling shares the GIL with the ingest",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.ingest_concurrency [--quick]``: the goal measurement alone; table and
+    notes to stdout, no result file."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(arg != "--quick" for arg in args):
+        print("usage: python -m benchmarks.ingest_concurrency [--quick]", file=sys.stderr)
+        return 2
+    goal = measure_goal(Config(quick="--quick" in args), lambda line: print(line, file=sys.stderr, flush=True))
+    result = Result(name=f"{NAME} (goal)", description=DESCRIPTION, baseline="", candidate="",
+                    repeats=len(goal.many), metrics=goal_metrics(goal))
+    print(table(result))
+    print("\n".join(["setup:", *(f"  {k}: {v}" for k, v in goal_setup(goal).items()), "notes:",
+                     *(f"  - {line}" for line in goal_notes(goal))]))
+    return 0
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
@@ -105,21 +349,29 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
           f"max_workers=8 {sorted(requests[CANDIDATE_WORKERS])}")
     per_run = requests[BASELINE_WORKERS].pop()
     bound = per_run * LATENCY_S
+    goal = measure_goal(config, log)
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline=f"conveyor.ingest fetch with a ThreadPoolExecutor(max_workers={BASELINE_WORKERS}) as ctx.executor",
-        candidate=f"the same with max_workers={CANDIDATE_WORKERS} (a threads profile's max_workers)",
-        repeats=repeats, metrics=[wall, rate],
+        baseline=f"conveyor.ingest fetch with a ThreadPoolExecutor(max_workers={BASELINE_WORKERS}) as ctx.executor; "
+                 "in the goal rows, the goal's bound on the wall, and the ideal",
+        candidate=f"the same with max_workers={CANDIDATE_WORKERS} (a threads profile's max_workers); in the goal rows, "
+                  f"fetch_sources of {GOAL_SOURCES} sources at max_workers={GOAL_WORKERS}: wall, and wall - start-up",
+        repeats=repeats, metrics=[wall, rate, *goal_metrics(goal)],
         setup={"sources": f"{sources} CSV files of {rows_per_source} rows x {len(COLUMNS)} columns "
                           f"(~{sum(map(len, files.values())) / sources / 1e3:.0f} KB each), mode: files",
                "server": f"ThreadingHTTPServer on 127.0.0.1, {LATENCY_S * 1e3:.0f} ms latency per request, "
                          "HTTP/1.0 (one connection per request)",
                "requests per run": f"{per_run} (HEAD + GET per source); at 1 transfer at a time the latency "
                                    f"alone is {bound:.1f} s",
-               "warm-up": f"one run each of {WARM_UP_SOURCES} sources, not counted"},
+               "warm-up": f"one run each of {WARM_UP_SOURCES} sources, not counted", **goal_setup(goal)},
         checks=[f"every run ingested all {len(expected)} rows, identical in content and order to the sources "
                 "(content hash of the parquet parts)",
-                f"every run made the same number of requests ({per_run}): no retry in any measured run"],
+                f"every run made the same number of requests ({per_run}): no retry in any measured run",
+                *goal_checks()],
         notes=[f"ideal ratio: about min({CANDIDATE_WORKERS}, {sources}) / 1 on the latency part; parsing and "
-               "parquet writing (CPU, under the GIL) does not overlap as well on 2 cores"],
+               "parquet writing (CPU, under the GIL) does not overlap as well on 2 cores", *goal_notes(goal)],
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
