@@ -42,18 +42,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.serve")
 WATCH_EVERY_S = 1.0
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def size_of(text: str) -> int:
     """Bytes in a size like ``16MiB`` (the spec's memory sizes)."""
-    from conveyor.spec.models import BYTES
+    from conveyor.spec.models import size_in_bytes
 
-    found = BYTES.match(text)
-    if found is None:
-        raise UsageError(f"{text}: write a size like 16MiB")
-    return int(float(found.group(1)) * _UNITS[(found.group(2) or "B").lower()])
+    try:
+        return size_in_bytes(text)
+    except ValueError:
+        raise UsageError(f"{text}: write a size like 16MiB") from None
 
 
 class Served:
