@@ -22,7 +22,7 @@ import pytest
 
 from conveyor.errors import ProfileError, UsageError
 from conveyor.run.profiles import LOCAL, Profiles, deps_bytes, visible_gpus
-from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, ThreadsProfile
+from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
 
 if TYPE_CHECKING:
     from conftest import ProjectDir
@@ -177,6 +177,15 @@ def test_deps_under_in_process_below_run_in_process_and_start_no_cluster(tmp_pat
         assert big.why == "on the workers of profile 'cpu': its deps hold at least its in_process_below (1KiB)"
         if not visible_gpus():  # the gpu profile falls back to cpu, and so does its placement
             assert profiles.place("gpu", [tmp_path / "data/a"]).in_process
+
+
+def test_a_slurm_profile_places_small_stages_in_process_without_submitting_a_job(tmp_path: Path) -> None:
+    sized(tmp_path / "small", 10)
+    hpc = SlurmProfile(kind="slurm", queue="gpu", in_process_below="1KiB")
+    with Profiles({"hpc": hpc}) as profiles:  # deciding needs neither dask-jobqueue nor a Slurm
+        placed = profiles.place("hpc", [tmp_path / "small"])
+        assert placed.in_process and "in_process_below of profile 'hpc' (1KiB)" in placed.why
+        assert profiles.in_process("hpc").client is None
 
 
 def test_profiles_without_in_process_below_always_use_their_workers(tmp_path: Path) -> None:

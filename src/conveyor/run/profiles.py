@@ -248,7 +248,7 @@ class Profiles(AbstractContextManager["Profiles"]):
         scheduling tasks) than the work. Decided from file sizes only, before the profile starts."""
         target = self.resolve(name)
         profile = self._profiles.get(target) if target is not None else None
-        if not isinstance(profile, DaskProfile) or profile.in_process_below is None:
+        if not isinstance(profile, DaskProfile | SlurmProfile) or profile.in_process_below is None:
             return Placement()
         limit = size_in_bytes(profile.in_process_below)
         held = deps_bytes(deps, stop_above=limit)

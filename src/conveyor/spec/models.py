@@ -137,8 +137,10 @@ class SlurmProfile(Model):
     jobs: PositiveInt = 1
     processes: PositiveInt | None = None
     job_extra: tuple[str, ...] = ()
+    in_process_below: str | None = None  # as a dask profile's: small stages submit no job
 
     _bytes = field_validator("memory")(_check_bytes)
+    _size = field_validator("in_process_below")(_check_size)
 
 
 Profile = Annotated[
