@@ -22,11 +22,13 @@ from benchmarks import (
     reference,
     serve_latency,
     sweep,
+    xgboost_dask,
 )
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
-                                                          predict_batch, serve_latency, preprocess_pandas)}
+                                                          predict_batch, serve_latency, preprocess_pandas,
+                                                          xgboost_dask)}
 
 
 def _log(line: str) -> None:
