@@ -174,8 +174,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                f"predictions on the valid split up to {apart:.3g} apart"
                + ("" if identical else ": xgboost.dask builds its histogram cuts by merging each worker's quantile "
                   "sketch, so 2 workers cut the features in other places than one process (on the reference "
-                  "pipeline's 370 training rows, fewer distinct values than bins, the boosters are byte for byte "
-                  "equal)"),
+                  "pipeline's 370 training rows the sketches are exact and the boosters byte for byte equal)"),
                f"starting the cluster and importing xgboost in its workers took {start:.2f} s (median), on top of "
                "the candidate's training wall: what a run pays when the stage starts the cluster"],
     )
