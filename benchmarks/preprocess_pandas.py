@@ -263,11 +263,12 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     from benchmarks.preprocess_workers import generate
+    from benchmarks.reference import repo_env
 
     sizes = QUICK_SIZES if config.quick else FULL_SIZES
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-preprocess-pandas-"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env = repo_env()
     agreement = Agreement()
     measured: list[Size] = []
     counter = [0]

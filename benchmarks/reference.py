@@ -229,6 +229,11 @@ def stop_group(pgid: int, grace_s: float) -> bool:
         time.sleep(0.2)
 
 
+def repo_env() -> dict[str, str]:
+    """This environment with the repository on PYTHONPATH: a ``python -c`` side imports ``benchmarks``, ``tasks``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+
 def execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> tuple[float, float, str]:
     """Run ``args`` in its own process group: (wall seconds, peak tree RSS in MiB, its stdout); checks
     exit 0 and that nothing of its group outlives it by 10 s (what does is killed)."""

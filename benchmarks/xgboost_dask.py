@@ -34,11 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
 
 NAME = "xgboost-dask"
 DESCRIPTION = "xgboost.dask on 2 Dask workers vs xgb.train(nthread=2) in one process, same rows and params"
-REPO = Path(__file__).resolve().parents[1]
 ROWS, QUICK_ROWS = 1_000_000, 100_000
 ROWS_PER_PART = 62_500
 LABEL, SEED = "target", 42
@@ -49,14 +48,14 @@ PLAIN, DASK = "xgb.train", "xgboost.dask"
 
 
 def booster_params(threads: int | None) -> tuple[dict[str, Any], int, int]:
-    """The reference task's booster params (params.yaml ``train.xgb``), rounds and patience."""
+    """The reference task's booster params (params.yaml ``train.xgb``, ``tasks.train.xgb_params``),
+    rounds and patience; ``threads``: xgboost's ``nthread``."""
     import yaml
 
+    from tasks.train import xgb_params
+
     section = yaml.safe_load((REPO / "params.yaml").read_text())["train"]["xgb"]
-    params = {**section.get("booster", {}), "objective": "binary:logistic", "eval_metric": "logloss",
-              "device": "cpu", "seed": SEED}
-    if threads is not None:
-        params["nthread"] = threads
+    params = xgb_params(section, SEED) | ({"nthread": threads} if threads is not None else {})
     return params, int(section["num_boost_round"]), int(section["early_stopping_rounds"])
 
 
@@ -106,7 +105,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
     from benchmarks.plain_preprocess import preprocess
     from benchmarks.preprocess_workers import generate
-    from benchmarks.reference import execute
+    from benchmarks.reference import execute, repo_env
 
     rows = QUICK_ROWS if config.quick else ROWS
     repeats = config.reps(full=3, quick=1)
@@ -127,7 +126,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             args = [sys.executable, "-c", "import sys; from benchmarks.xgboost_dask import side_main; "
                                           "sys.exit(side_main(sys.argv[1:]))", side, str(root / "processed"),
                     str(predictions)]
-            seconds, mib, stdout = execute(args, REPO, {**_env()}, side)
+            seconds, mib, stdout = execute(args, REPO, repo_env(), side)
             report = json.loads(stdout.strip().splitlines()[-1])
             report["predictions"] = np.load(predictions)
             reports[side].append(report)
@@ -179,8 +178,3 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                "the candidate's training wall: what a run pays when the stage starts the cluster"],
     )
 
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "PYTHONPATH": str(REPO)}

@@ -34,11 +34,7 @@ def xgboost_model(ctx: StageContext) -> None:
     params: Mapping[str, Any] = ctx.section("train.xgb")
     processed = ctx.dep()
     stats = load_stats(processed)
-    booster_params = {
-        **params.get("booster", {}),  # params.yaml's, passed as they are; the task sets these:
-        "objective": "binary:logistic", "eval_metric": "logloss",
-        "device": "cuda" if ctx.devices else "cpu", "seed": int(ctx.params["seed"]),
-    }
+    booster_params = xgb_params(params, int(ctx.params["seed"]), gpu=bool(ctx.devices))
     ctx.progress.start(3, unit="steps", description="xgboost.dask" if ctx.client is not None else "xgboost")
     split: dict[str, dd.DataFrame] = {
         name: dd.read_parquet(str(processed / name), columns=[*stats["features"], stats["label"]])
@@ -59,6 +55,12 @@ def xgboost_model(ctx: StageContext) -> None:
     })
     ctx.progress.advance(1)
     ctx.log.info("xgboost: best iteration %d of %d", trained.best_iteration, trained.rounds)
+
+
+def xgb_params(section: Mapping[str, Any], seed: int, *, gpu: bool = False) -> dict[str, Any]:
+    """XGBoost's params for a ``train.xgb`` section: its ``booster`` mapping as it is, and what the task sets."""
+    return {**section.get("booster", {}), "objective": "binary:logistic", "eval_metric": "logloss",
+            "device": "cuda" if gpu else "cpu", "seed": seed}
 
 
 def mlp_model(ctx: StageContext) -> None:
