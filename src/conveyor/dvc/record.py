@@ -30,9 +30,12 @@ if TYPE_CHECKING:
     from dvc.stage import PipelineStage
 
 
-def _reason(entry: Any, code: set[str], params: Callable[[str, Mapping[str, str]], list[str]], root: Path
-            ) -> list[str]:
-    """DVC's status entry for a stage, in conveyor's words (paths relative to the project root)."""
+def _reason(entry: Any, code: set[str], params: Callable[[str, Mapping[str, str]], list[str]], root: Path,
+            paths: Mapping[str, str]) -> list[str]:
+    """DVC's status entry for a stage, in conveyor's words (paths relative to the project root).
+
+    ``paths``: the absolute path of each dep and out by the name DVC's status gives it (relative
+    to the working directory when it lies below it, else as dvc.yaml writes it)."""
     if isinstance(entry, str):
         return {"changed checksum": ["command or definition changed"], "changed command": ["command changed"],
                 "always changed": ["always changed"]}.get(entry, [entry])
@@ -43,15 +46,16 @@ def _reason(entry: Any, code: set[str], params: Callable[[str, Mapping[str, str]
                 if isinstance(state, dict):  # a params file: {key: "modified" | "new" | "deleted"}
                     reasons += params(path, state)
                 else:
-                    what = "code" if _rel(root, path) in code else "dep"
-                    reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {_rel(root, path)}")
+                    rel = _rel(root, paths.get(path, path))
+                    what = "code" if rel in code else "dep"
+                    reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {rel}")
         elif kind == "changed outs":
-            reasons += [_out_reason(root, _rel(root, path), state) for path, state in changes.items()]
+            reasons += [_out_reason(root, _rel(root, paths.get(path, path)), state) for path, state in changes.items()]
     return reasons
 
 
 def _rel(root: Path, path: str) -> str:
-    """A path as DVC names it (relative to the working directory) relative to the root."""
+    """A path (absolute, or relative to the working directory) relative to the root."""
     if "://" in path:
         return path
     full = Path(os.path.abspath(path))
@@ -88,11 +92,17 @@ class DvcRecord:
             logging.getLogger(name).propagate = False     # passed on to the root logger, each line came twice
         self.project = project
         self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
-        try:
-            self.repo = Repo(str(project.root))
-        except SCMError as exc:  # .dvc/ without git around it
-            raise UsageError(f"{exc}: DVC keeps dvc.lock beside git; run `git init` there (or "
-                             "`dvc config core.no_scm true` to use DVC without git)") from None
+        self._loaded = project.dvc.loaded if project.dvc is not None else None  # as loading the project read them
+        handed = self._loaded.take() if self._loaded is not None else None
+        if handed is not None:
+            self.repo = handed
+        else:
+            self._loaded = None
+            try:
+                self.repo = Repo(str(project.root))
+            except SCMError as exc:  # .dvc/ without git around it
+                raise UsageError(f"{exc}: DVC keeps dvc.lock beside git; run `git init` there (or "
+                                 "`dvc config core.no_scm true` to use DVC without git)") from None
         self._mutex = threading.RLock()
         self._code = {name: set(code_paths(project, name)) for name in project.order}
         self._stages: dict[str, PipelineStage] = {}
@@ -132,6 +142,11 @@ class DvcRecord:
     def _load(self) -> None:
         from dvc.dvcfile import load_file
 
+        current = self._loaded.current() if self._loaded is not None else None  # under DVC's lock: still current?
+        self._loaded = None
+        if current is not None:
+            self._stages, self._locked = dict(current[0]), set(current[1])
+            return
         dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
         self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
         self._locked = set(dvcfile.lockfile_contents.get("stages", {}))
@@ -167,12 +182,13 @@ class DvcRecord:
             if not self.recorded(stage):
                 return ["never run"]
             try:
-                status = st.status()
+                status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
             entries = status.get(st.addressing, [])
+            paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
             return [r for entry in entries
-                    for r in _reason(entry, self._code[stage], partial(_params, st), self.project.root)]
+                    for r in _reason(entry, self._code[stage], partial(_params, st), self.project.root, paths)]
 
     def prepare(self, stage: str) -> None:
         """What ``dvc repro`` does to a stage's outs before its command: a ``persist`` out linked
@@ -232,6 +248,16 @@ class DvcRecord:
         data["stages"].update(entry)
         replace_atomically(path, dumps_yaml(data), scratch=state_dir(self.project.root))
         self.repo.scm_context.track_file(relpath)
+
+
+def _status(stage: PipelineStage) -> dict[str, list[Any]]:
+    """DVC's ``Stage.status`` (what ``dvc status`` prints) without the path lock it takes on each
+    call (``rwlocked``: .dvc/tmp/rwlock read and rewritten twice, about half of the call). A
+    record's session holds DVC's repository lock, which every DVC command needs to take a path
+    lock, and found no DVC command holding one when it took it (:meth:`DvcRecord._running_dvc`):
+    no other process reads or writes these paths meanwhile."""
+    unlocked = getattr(type(stage).status, "__wrapped__", None)  # the function under DVC's decorator
+    return dict(unlocked(stage) if unlocked is not None else stage.status())
 
 
 def _params(stage: PipelineStage, path: str, state: Mapping[str, str]) -> list[str]:

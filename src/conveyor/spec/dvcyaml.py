@@ -17,8 +17,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import threading
+import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,8 @@ from conveyor.spec.models import DvcPipeline, Pipeline, Stage, did_you_mean, par
 from conveyor.spec.yamlmap import Key, LoadedYaml, YamlRefused, load_yaml, yaml_issue
 
 if TYPE_CHECKING:
+    from dvc.dvcfile import ProjectFile
+    from dvc.repo import Repo
     from dvc.stage import PipelineStage
 
     from conveyor.spec.project import Project
@@ -50,6 +54,44 @@ class DvcSource:
     shell: tuple[str, ...]
     frozen: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] | None = None
+    loaded: DvcLoaded | None = field(default=None, compare=False, repr=False)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is written (in place or replaced); None when it is absent."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class DvcLoaded:
+    """DVC's repository and stages (with what dvc.lock records) as loading the project made
+    them, handed once to the run's record (:class:`conveyor.dvc.record.DvcRecord`): one
+    command has DVC open the repository, parse dvc.yaml and dvc.lock and build each stage
+    once, not twice. A handle never taken closes its repository when it is collected.
+    """
+
+    def __init__(self, repo: Repo, stages: Mapping[str, PipelineStage], locked: frozenset[str], lock: Path,
+                 lock_stamp: tuple[int, int, int] | None) -> None:
+        self._repo: Repo | None = repo
+        self._stages, self._locked = stages, locked
+        self._lock, self._lock_stamp = lock, lock_stamp
+        self._taken = threading.Lock()
+        self._close = weakref.finalize(self, repo.close)
+
+    def take(self) -> Repo | None:
+        """The open repository, now the caller's to close; None when already taken."""
+        with self._taken:
+            repo, self._repo = self._repo, None
+        if repo is not None:
+            self._close.detach()
+        return repo
+
+    def current(self) -> tuple[Mapping[str, PipelineStage], frozenset[str]] | None:
+        """The stages by name and those dvc.lock records; None when dvc.lock was written since."""
+        return (self._stages, self._locked) if _stamp(self._lock) == self._lock_stamp else None
 
 
 def is_placement(doc: LoadedYaml) -> bool:
@@ -72,7 +114,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     refused = _refused_inputs(dvc_file, written) + _empty_groups(written)
     if refused:
         raise SpecError(refused)
-    root, stages = _dvc_stages(dvc_file, written)
+    root, loaded, stages = _dvc_stages(dvc_file, written)
     issues: list[SpecIssue] = []
     converted: dict[str, Stage] = {}
     for name, stage in stages.items():
@@ -95,7 +137,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     params_path = root / "params.yaml"
     params = _params(params_path)
     source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
-                       metrics=_metrics(written, root, converted))
+                       metrics=_metrics(written, root, converted), loaded=loaded)
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
 
@@ -184,10 +226,10 @@ def _vars_files(base: Path, body: Mapping[str, Any]) -> list[Path]:
         if isinstance(listed, list) else []
 
 
-def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, PipelineStage]]:
-    """DVC's stages of ``dvc_file`` by name, and the root of the DVC repository holding it."""
-    from dvc.dvcfile import load_file
-    from dvc.exceptions import DvcException, NotDvcRepoError
+def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, DvcLoaded, dict[str, PipelineStage]]:
+    """DVC's stages of ``dvc_file`` by name, the root of the DVC repository holding it, and that
+    repository and file, open, for the run's record."""
+    from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
     from dvc.scm import SCMError
 
@@ -200,10 +242,25 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, Pi
         raise SpecError([SpecIssue(dvc_file, None, "", f"is not in a git repository: DVC keeps its record beside "
                                    f"git; run `git init` in {dvc_file.parent} (or `dvc config core.no_scm true` "
                                    "to use DVC without git)")]) from None
+    lock = dvc_file.with_suffix(".lock")
+    lock_stamp = _stamp(lock)  # before DVC reads it: written in between, the record reads it again
     try:
-        with repo:
-            loaded = load_file(repo, str(dvc_file))  # absolute: DVC reads a relative path from the cwd
-            stages = {stage.name: stage for stage in loaded.stages.values()}
+        loaded, stages = _stages_of(repo, dvc_file, written)
+        locked = frozenset(loaded.lockfile_contents.get("stages", {}))
+    except BaseException:
+        repo.close()
+        raise
+    return Path(repo.root_dir), DvcLoaded(repo, stages, locked, lock, lock_stamp), stages
+
+
+def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[ProjectFile, dict[str, PipelineStage]]:
+    """The file as DVC loads it and its stages by name; DVC's complaints as conveyor's issues."""
+    from dvc.dvcfile import load_file
+    from dvc.exceptions import DvcException
+
+    try:
+        loaded = load_file(repo, str(dvc_file))  # absolute: DVC reads a relative path from the cwd
+        stages = {stage.name: stage for stage in loaded.stages.values()}
     except DvcException as exc:
         raise SpecError(_dvc_issues(dvc_file, written, exc)) from None
     except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as exc:  # what DVC's schema let through
@@ -212,7 +269,7 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, dict[str, Pi
                                    f"DVC cannot load it: {said}; `dvc repro` fails on it too")]) from None
     if not stages:
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", "no stages to run")])
-    return Path(repo.root_dir), stages
+    return loaded, stages
 
 
 _RESOLVE = re.compile(r"failed to parse '([^']*)' in '[^']*':\s*(.*)", re.DOTALL)
