@@ -297,3 +297,23 @@ def test_the_temporary_prefect_server_ends_with_the_run_even_on_kill_9(
     proc.kill()
     proc.communicate(timeout=30)
     assert not project.left_running(grace_s=30), "a process outlived the killed run"
+
+
+@pytest.mark.slow
+def test_many_stages_up_to_date_are_one_line_of_the_summary(make_project: Callable[[], Project]) -> None:
+    project = make_project()
+    chain = "\n".join(f"  s{k:02d}: {{cmd: 'echo {k} > out/s{k:02d}.txt', outs: [out/s{k:02d}.txt]"
+                      + (f", deps: [out/s{k - 1:02d}.txt]" if k else "") + "}" for k in range(14))
+    project.write("configs/pipeline.yaml", f"pipeline: chain\nstages:\n{chain}\n")
+    (project.root / "out").mkdir()
+    assert project.conveyor("run").returncode == 0
+    project.write("configs/pipeline.yaml", project.root.joinpath("configs/pipeline.yaml").read_text()
+                  .replace("echo 13 >", "echo thirteen >"))
+
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stderr
+    stages = project.record()["stages"]
+    assert [name for name, st in stages.items() if st["status"] == "succeeded"] == ["s13"]
+    assert "skipped, up to date: 13 stages (s00 ... s12; `conveyor status` lists each)" in again.stderr
+    assert re.search(r"│ s13 +│ succeeded", again.stderr), again.stderr
+    assert not re.search(r"│ s0\d ", again.stderr), again.stderr  # no row each for the 13 up to date

@@ -22,6 +22,7 @@ from conveyor.run.context import StageProgress
 from conveyor.run.logs import logs_dir
 from conveyor.run.record import RunRecord, record_path
 from conveyor.run.schedule import Outcome
+from conveyor.run.session import UP_TO_DATE
 from conveyor.spec.project import Project
 
 STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
@@ -104,10 +105,16 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
     retried = any(st.attempts > 1 for st in record.stages.values())
     for col in ("stage", "status", "duration", "profile", *(["attempts"] if retried else []), "why"):
         table.add_column(col, justify="right" if col in ("duration", "attempts") else "left")
+    idle = [name for name, st in record.stages.items() if st.status == "skipped" and st.reason == UP_TO_DATE]
+    folded = set(idle) if len(idle) > FOLD_IDLE else set()
     for name, st in record.stages.items():
-        table.add_row(name, Text(st.status, style=STYLE.get(st.status, "")), f"{st.duration_s:.1f}s",
-                      st.where, *([str(st.attempts)] if retried else []), st.error or st.reason)
-    lines: list[RenderableType] = [table]
+        if name not in folded:
+            table.add_row(name, Text(st.status, style=STYLE.get(st.status, "")), f"{st.duration_s:.1f}s",
+                          st.where, *([str(st.attempts)] if retried else []), st.error or st.reason)
+    lines: list[RenderableType] = [table] if table.row_count else [Text(title, style="italic")]
+    if folded:
+        lines.append(Text.assemble((f"skipped, {UP_TO_DATE}: ", STYLE["skipped"]), f"{len(idle)} stages ({idle[0]} "
+                                   f"... {idle[-1]}; `conveyor status` lists each)"))
     if record.critical_path and any(st.status == "succeeded" for st in record.stages.values()):
         lines.append(Text(f"critical path: {' -> '.join(record.critical_path)} "
                           f"({record.critical_path_s:.1f}s of {record.wall_s:.1f}s wall); "
@@ -140,6 +147,7 @@ def _whole(label: str, value: str) -> Text:
     return Text.assemble((label, "bold"), value, no_wrap=True, overflow="ignore")
 
 
+FOLD_IDLE = 12  # more stages skipped as up to date than this: one line, not a row each
 HEADLINE = 10  # numbers per metrics file in the summary; `dvc metrics show` has them all
 
 
