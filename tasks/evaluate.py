@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks import models
+from tasks import inputs, models
 from tasks.files import write_json
 
 if TYPE_CHECKING:
@@ -24,7 +24,9 @@ _DIGITS = 6
 
 def evaluate(ctx: StageContext) -> None:
     """AUC, accuracy and log-loss of xgb, mlp and stack on test; ROC curves to a PNG."""
-    test = models.read_split(ctx.dep("data"), "test")
+    processed = ctx.dep("data")
+    with inputs.naming_damaged_files(ctx.stage, processed, inputs.declared(ctx, processed), writer="preprocess"):
+        test = models.read_split(processed, "test")
     threshold = float(ctx.section("evaluate")["threshold"])
     probabilities = model_probabilities(test.features, ctx.dep("xgb"), ctx.dep("mlp"), ctx.dep("stack"))
     scores = {name: score(test.label, p, threshold=threshold) for name, p in probabilities.items()}

@@ -1,9 +1,11 @@
 """The raw parts preprocess reads, and what can be wrong with them, named before any work.
 
 A missing label, one class, a feature that is not a number, no parts, a part that does not
-read: each is a ValueError naming the data as the spec declares it (``data/raw``) or the
-file, and what to do. The checks read metadata, or results preprocess computes anyway; a
-broken part is looked for (its footer) only after a read failed.
+read, a part whose pages are damaged: each is a ValueError naming the data as the spec
+declares it (``data/raw``) or the file, and what to do. The checks read metadata, or results
+preprocess computes anyway; a broken part is looked for (its footer) only after a read failed.
+Parts are read with their page checksums verified (:mod:`conveyor.parquet`): a page whose
+bytes were damaged after it was written is an error naming its file, not wrong values.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from conveyor.errors import DamagedFileError
+from conveyor.parquet import read_dask, read_pandas
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -43,11 +48,11 @@ def read_parts(raw: Path, source: str, *, at_once_below: int = 0) -> dd.DataFram
     if parts and sum(part.stat().st_size for part in parts) < at_once_below:
         import pandas as pd
 
-        whole: dd.DataFrame = dd.from_pandas(pd.concat([pd.read_parquet(part) for part in parts],
+        whole: dd.DataFrame = dd.from_pandas(pd.concat([read_pandas(part) for part in parts],
                                                        ignore_index=True), npartitions=1)
         return whole
     try:
-        frame: dd.DataFrame = dd.read_parquet(str(raw))
+        frame: dd.DataFrame = read_dask(raw)
     except ValueError as error:
         if raw.is_dir() and not _parquet_parts(raw):
             raise ValueError(f"preprocess: {source} holds no parquet parts: {_rerun(source)}") from error
@@ -63,11 +68,14 @@ def naming_bad_parts(raw: Path, source: str) -> Iterator[None]:
     tasks that read them, on the workers, and their ``ArrowInvalid`` ("Parquet magic bytes
     not found in footer") names no file. Only after such a failure are the footers of all
     the parts read, one small read per file, to find the culprit; the success path pays nothing.
+    A part whose pages are damaged (footer intact) is named by the reader already.
     """
     import pyarrow as pa
 
     try:
         yield
+    except DamagedFileError as error:
+        raise ValueError(damaged_message("preprocess", error, raw, source, writer="ingest")) from error
     except pa.ArrowException as error:
         culprit = _unreadable_part(raw, source)
         if culprit is None:
@@ -87,6 +95,35 @@ def _unreadable_part(raw: Path, source: str) -> ValueError | None:
             shown = f"{source}/{part.relative_to(raw).as_posix()}" if part != raw else source
             return ValueError(f"preprocess: {shown} is not a readable parquet file ({error}): {_rerun(source)}")
     return None
+
+
+@contextmanager
+def naming_damaged_files(reader: str, dep: Path, source: str, *, writer: str) -> Iterator[None]:
+    """A file under the dep ``dep`` (declared as ``source``) whose pages are damaged, as the bad-data
+    ValueError: ``<reader>: <the file> is damaged: <what>: <rerun its writer>``."""
+    try:
+        yield
+    except DamagedFileError as error:
+        raise ValueError(damaged_message(reader, error, dep, source, writer=writer)) from error
+
+
+def damaged_message(reader: str, error: DamagedFileError, dep: Path, source: str, *, writer: str) -> str:
+    """The file as declared (``data/raw/part-00001.parquet``), what is wrong with it, and what to do.
+
+    ``--force``: if the file was damaged before its stage's run was recorded, the record holds
+    the damaged bytes, and the stage counts as up to date.
+    """
+    return (f"{reader}: {_shown(Path(error.path), dep, source)} is damaged: {error.reason}: "
+            f"rerun the stage that writes {source} (conveyor run --force {writer})")
+
+
+def _shown(path: Path, dep: Path, source: str) -> str:
+    """``path`` under the declared ``source`` when it lies below ``dep``, else as it is."""
+    try:
+        below = path.resolve().relative_to(dep.resolve())
+    except ValueError:
+        return str(path)
+    return f"{source}/{below.as_posix()}" if below.parts else source
 
 
 def _parquet_parts(raw: Path) -> list[Path]:

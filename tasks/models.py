@@ -35,14 +35,15 @@ class Split:
 
 
 def read_split(processed: Path, split: str) -> Split:
-    """Read ``data/processed/<split>`` with pandas (the splits are small)."""
+    """Read ``data/processed/<split>`` with pandas (the splits are small), page checksums verified:
+    a damaged part is a :class:`~conveyor.errors.DamagedFileError` naming it."""
     import numpy as np
-    import pandas as pd
 
+    from conveyor.parquet import read_pandas
     from tasks.preprocess import load_stats
 
     stats = load_stats(processed)
-    frame = pd.read_parquet(processed / split)
+    frame = read_pandas(processed / split)
     return Split(
         features=frame[stats["features"]],
         label=frame[stats["label"]].to_numpy(dtype=np.int64),

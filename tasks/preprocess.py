@@ -88,7 +88,8 @@ def prepare(ctx: StageContext) -> None:
         out = ctx.out()
         writes = [
             standardise(_select(tagged, split), features, column_stats).to_parquet(
-                str(out / split), write_index=False, compute=False, name_function=_part_name
+                str(out / split), write_index=False, compute=False, name_function=_part_name,
+                write_page_checksum=True,  # a damaged page is an error when read, not wrong values
             )
             for split in SPLITS
         ]

@@ -10,11 +10,13 @@ bytes. Paths come from the spec: a stage with one dep, out or metrics file finds
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from conveyor.parquet import read_dask
 from conveyor.train.seed import deterministic_torch
 from conveyor.train.xgb import train_xgboost
-from tasks import mlp, models
+from tasks import inputs, mlp, models
 from tasks.files import write_json
 from tasks.preprocess import load_stats
 
@@ -28,21 +30,22 @@ _DIGITS = 6  # metrics are rounded, so reruns and diffs read the same
 
 def xgboost_model(ctx: StageContext) -> None:
     """Train a booster with ``xgboost.dask`` on the stage's cluster, early-stopped on valid; in
-    this process with ``xgb.train`` when the stage has no cluster (placed in process)."""
-    import dask.dataframe as dd
-
+    this process with ``xgb.train`` when the stage has no cluster (placed in process).
+    The splits are read (on the workers) with their page checksums verified."""
     params: Mapping[str, Any] = ctx.section("train.xgb")
     processed = ctx.dep()
     stats = load_stats(processed)
     booster_params = xgb_params(params, int(ctx.params["seed"]), gpu=bool(ctx.devices))
     ctx.progress.start(3, unit="steps", description="xgboost.dask" if ctx.client is not None else "xgboost")
     split: dict[str, dd.DataFrame] = {
-        name: dd.read_parquet(str(processed / name), columns=[*stats["features"], stats["label"]])
+        name: read_dask(processed / name, columns=[*stats["features"], stats["label"]])
         for name in ("train", "valid")}
     ctx.progress.advance(1)
-    trained = train_xgboost(ctx.client, booster_params, split["train"], valid=split["valid"], label=stats["label"],
-                            features=stats["features"], num_boost_round=int(params["num_boost_round"]),
-                            early_stopping_rounds=int(params["early_stopping_rounds"]))
+    with _naming_damaged(ctx):
+        trained = train_xgboost(ctx.client, booster_params, split["train"], valid=split["valid"],
+                                label=stats["label"], features=stats["features"],
+                                num_boost_round=int(params["num_boost_round"]),
+                                early_stopping_rounds=int(params["early_stopping_rounds"]))
     ctx.progress.advance(1)
     models.save_xgb(ctx.out(), trained.booster)
     losses = trained.history["valid"]["logloss"]
@@ -75,7 +78,8 @@ def mlp_model(ctx: StageContext) -> None:
         _mlp_ddp(ctx, params)
         return
     processed = ctx.dep()
-    train, valid = models.read_split(processed, "train"), models.read_split(processed, "valid")
+    with _naming_damaged(ctx):
+        train, valid = models.read_split(processed, "train"), models.read_split(processed, "valid")
     features = list(train.features.columns)
     sizes = [len(features), *params.hidden, 1]
     with deterministic_torch(int(ctx.params["seed"])):
@@ -120,7 +124,8 @@ def stack(ctx: StageContext) -> None:
     """
     from sklearn.linear_model import LogisticRegression
 
-    valid = models.read_split(ctx.dep("data"), "valid")
+    with _naming_damaged(ctx, "data"):
+        valid = models.read_split(ctx.dep("data"), "valid")
     probabilities = models.base_probabilities(valid.features, ctx.dep("xgb"), ctx.dep("mlp"))
     c = float(ctx.section("train.stack")["C"])
     fitted = LogisticRegression(C=c, random_state=int(ctx.params["seed"])).fit(
@@ -133,3 +138,9 @@ def stack(ctx: StageContext) -> None:
         extra={"C": c, "fitted_on": "valid", "rows": len(valid.label)},
     )
     ctx.log.info("stack weights %s", dict(zip(models.BASE_MODELS, fitted.coef_[0], strict=True)))
+
+
+def _naming_damaged(ctx: StageContext, name: str | None = None) -> AbstractContextManager[None]:
+    """A damaged part of the preprocessed splits (the dep ``name``) as the bad-data ValueError naming it."""
+    processed = ctx.dep(name)
+    return inputs.naming_damaged_files(ctx.stage, processed, inputs.declared(ctx, processed), writer="preprocess")

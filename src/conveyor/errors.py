@@ -103,6 +103,23 @@ class RunLockedError(ConveyorError, RuntimeError):
     """Another conveyor run holds the project's run lock."""
 
 
+class DamagedFileError(ConveyorError, ValueError):
+    """A data file whose content is damaged although it opens (a parquet page fails its checksum).
+
+    ``path`` as the reader opened it; ``reason`` says what is wrong, with the library's own words.
+    A ValueError, as the reference tasks' other bad-data errors; its arguments are its fields,
+    so it crosses a Dask worker's pickling unchanged.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return redact(f"{self.path} is damaged: {self.reason}: write it again")  # a path may be a URL
+
+
 class RegistryError(ConveyorError, ValueError):
     """The model registry, or a metric a promotion compares, cannot be read or written."""
 

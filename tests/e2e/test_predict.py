@@ -18,9 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import Project
+from parquet_damage import damage_page
 from projects import LINEAR_FEATURES as FEATURES
 from projects import linear_model
 from projects import linear_scores as expected
+
+from conveyor.errors import DamagedFileError
+from conveyor.parquet import read_table
 
 
 @pytest.mark.slow
@@ -109,6 +113,34 @@ def test_an_input_that_does_not_match_the_model_is_refused_naming_the_columns(li
     ]:
         refused = linear_project.conveyor("predict", *args, "-o", "scores.parquet")
         assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
+
+
+def test_an_input_with_a_damaged_page_fails_naming_the_file(linear_project: Project) -> None:
+    """Scores are written with a CRC per page, and the input's pages are verified where a worker reads them."""
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame({"key": np.arange(500), **{f: rng.standard_normal(500) for f in FEATURES}})
+    rows = linear_project.root / "rows.parquet"
+    frame.to_parquet(rows, index=False, write_page_checksum=True)
+    scores = linear_project.root / "scores.parquet"
+
+    good = linear_project.conveyor("predict", "-i", "rows.parquet", "-o", "scores.parquet", "--workers", "1")
+    assert good.returncode == 0, good.stderr
+    written = scores.read_bytes()
+    copy = linear_project.root / "copy.parquet"
+    copy.write_bytes(written)
+    damage_page(copy)
+    with pytest.raises(DamagedFileError):
+        read_table(copy)
+
+    damage_page(rows)
+    bad = linear_project.conveyor("predict", "-i", "rows.parquet", "-o", "scores.parquet", "--workers", "1")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    last = bad.stderr.strip().splitlines()[-1]
+    assert f"{rows} is damaged: a page fails its checksum (pyarrow: could not verify page integrity" in last, last
+    assert last.endswith(": write it again"), last
+    assert scores.read_bytes() == written  # the previous scores stay
+    assert not list(linear_project.root.glob(".scores.parquet*"))
+    assert not linear_project.left_running()
 
 
 def test_a_dvc_yaml_project_declares_its_model_in_the_placement_spec(linear_project: Project) -> None:

@@ -269,7 +269,7 @@ class IngestRun:
             for chunk, frame in read_csv(src, csv, skip_rows=csv.skip_rows if skip_rows is None else skip_rows,
                                          rows_per_part=rows_per_part, bad=bad):
                 path = part_path(self.out, index, None if rows_per_part is None else chunk)
-                write_atomically(path, partial(frame.to_parquet, index=False))
+                write_atomically(path, partial(frame.to_parquet, index=False, write_page_checksum=True))
                 written[chunk] = len(frame)
             rows = sum(written.values())
         except BadRowError as exc:

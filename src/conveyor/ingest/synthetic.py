@@ -154,5 +154,5 @@ def write_shard(source: SyntheticSource, shard: int, path: Path) -> int:
     import pyarrow.parquet as pq
 
     table = pa.table(generate(source, shard))
-    write_atomically(path, lambda tmp: pq.write_table(table, tmp, compression="snappy"))
+    write_atomically(path, lambda tmp: pq.write_table(table, tmp, compression="snappy", write_page_checksum=True))
     return int(table.num_rows)

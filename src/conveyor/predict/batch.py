@@ -95,14 +95,19 @@ def _listed(names: Sequence[str], most: int = 8) -> str:
 
 
 def read(source: str, features: Sequence[str], blocksize: str) -> dd.DataFrame:
-    """The input as a lazy dask DataFrame: parquet (by extension or a directory), else CSV."""
+    """The input as a lazy dask DataFrame: parquet (by extension or a directory), else CSV.
+
+    Parquet pages are verified against their checksums where a worker reads them: a damaged
+    page fails the job with a :class:`~conveyor.errors.DamagedFileError` naming the file."""
     import dask.dataframe as dd
+
+    from conveyor.parquet import read_dask
 
     path = source.split("://", 1)[-1].rstrip("/")
     parquet = path.lower().endswith(PARQUET) or ("://" not in source and Path(source).is_dir())
     try:
         if parquet:
-            frame: dd.DataFrame = dd.read_parquet(source, blocksize=blocksize)
+            frame: dd.DataFrame = read_dask(source, blocksize=blocksize)
         else:
             frame = dd.read_csv(source, blocksize=blocksize, dtype=dict.fromkeys(features, "float64"))
     except (OSError, ValueError, TypeError, IndexError) as exc:
@@ -156,14 +161,15 @@ def run(job: Job, frame: dd.DataFrame, root: Path, client: Any, progress: Progre
                     part.insert(0, ROW, range(rows, rows + len(part)))
                 table = pa.Table.from_pandas(part, preserve_index=False)
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema)
+                    writer = pq.ParquetWriter(tmp, table.schema, write_page_checksum=True)
                 writer.write_table(table)
                 rows += len(part)
         finally:
             if writer is not None:
                 writer.close()
         if writer is None:  # no partition at all: an empty file with the columns
-            pq.write_table(pa.table({job.key: pa.array([], pa.int64()), SCORE: pa.array([], pa.float64())}), tmp)
+            pq.write_table(pa.table({job.key: pa.array([], pa.int64()), SCORE: pa.array([], pa.float64())}), tmp,
+                           write_page_checksum=True)
         os.replace(tmp, job.output)
     finally:
         with suppress(Exception):
