@@ -40,7 +40,7 @@ from conveyor.ingest.params import IngestParams, UrlSource
 from conveyor.ingest.parts import part_path, temporary, write_atomically
 from conveyor.ingest.retry import Cancelled, GaveUp, call_with_retries, describe
 from conveyor.ingest.rows import BadRow, BadRowError, quarantine_csv, read_csv
-from conveyor.ingest.sources import RemoteFile, data_start, download, expand_template, list_files, read_range
+from conveyor.ingest.sources import Announced, RemoteFile, data_start, download, expand_template, list_files, read_range
 from conveyor.ingest.synthetic import SyntheticSource, write_shard
 from conveyor.run.context import StageProgress
 
@@ -176,8 +176,8 @@ class IngestRun:
 
     def _lister(self, source: UrlSource) -> Callable[[], list[RemoteFile]]:
         def list_source() -> list[RemoteFile]:
-            return self._retrying(source.url, source.url, lambda: list_files(source.url, self.params.access,
-                                                                              md5=source.md5))
+            return self._retrying(source.url, source.url, lambda: list_files(
+                source.url, self.params.access, md5=source.md5, sized=source.mode == "blocks"))
         return list_source
 
     def _starter(self, source: UrlSource, file: RemoteFile) -> Callable[[], int]:
@@ -241,15 +241,16 @@ class IngestRun:
             counted[0] += n
             self.meter.add_bytes(n)
 
-        def attempt() -> None:
+        def attempt() -> Announced:
             self.meter.add_bytes(-counted[0])  # a retry starts from byte 0 again
             counted[0] = 0
-            download(file, dest, cancel=self.cancel, on_bytes=count)
+            on_size = partial(self.meter.announce, unit) if unit.nbytes is None else None
+            return download(file, dest, cancel=self.cancel, on_bytes=count, on_size=on_size)
 
         try:
-            self._retrying(file.url, file.location, attempt)
+            checked = self._retrying(file.url, file.location, attempt)
             self.log.debug("%s: %d bytes arrived; checked: size %s, md5 %s", file.location, counted[0],
-                           file.size is not None, file.md5_from or "none given")
+                           checked.size is not None, checked.md5_from or "none given")
             return self._write_parts(file, file.path, dest, index=unit.index, skip_rows=None,
                                      rows_per_part=self.params.rows_per_part)
         finally:
@@ -341,6 +342,7 @@ class Meter:
         self.done = 0
         self.parts = 0
         self.noun = "parts"
+        self._sizes: dict[int, int | None] = {}  # each unit's bytes, None while unknown
         self._started = time.monotonic()
         self._lock = threading.Lock()
 
@@ -348,13 +350,29 @@ class Meter:
         self.progress.start(None, unit="MB", description=f"listing {sources} source(s)")
 
     def begin(self, units: Sequence[Unit]) -> None:
-        sizes = [unit.nbytes for unit in units]
-        total = sum(s for s in sizes if s is not None) / _MB if None not in sizes else None
+        self._sizes = {unit.index: unit.nbytes for unit in units}
+        total = self._total()
         nouns = {Block: "blocks", Transfer: "files", Shard: "shards"}
         kinds = {nouns[type(unit)] for unit in units}
         self.parts, self.noun = len(units), kinds.pop() if len(kinds) == 1 else "parts"
         self._started = time.monotonic()
         self.progress.start(total, unit="MB", description=self._describe())
+
+    def announce(self, unit: Unit, nbytes: int | None) -> None:
+        """A transfer listed without its size learnt it (the GET's answer): once every size is
+        known, the bar has its total."""
+        with self._lock:
+            if nbytes is None or self._sizes.get(unit.index, 0) is not None:
+                return
+            self._sizes[unit.index] = nbytes
+            total = self._total()
+            if total is not None:
+                self.progress.total = total
+
+    def _total(self) -> float | None:
+        """MB of all units, or None while any unit's size is unknown."""
+        sizes = list(self._sizes.values())
+        return sum(s for s in sizes if s is not None) / _MB if None not in sizes else None
 
     def add_bytes(self, n: int) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ _PACKAGE_TEMPLATE = re.compile(r"\{package:([A-Za-z_][\w.]*)\}")
 _GLOB_CHARS = ("*", "?", "[")
 _URL_GLOB_CHARS = ("*", "[")  # in an http(s) URL, "?" starts the query (a signed URL's, say)
 _MD5 = re.compile(r"[0-9a-f]{32}")
+_SIZE_FROM_THE_ANSWER = -1  # a size fsspec takes as given (not 0 or None), so it sends no HEAD
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,22 @@ def protocol_of(url: str) -> str:
     return head.lower() if sep else "file"
 
 
-def list_files(url: str, access: Access, *, md5: str | None = None) -> list[RemoteFile]:
+def list_files(url: str, access: Access, *, md5: str | None = None, sized: bool = True) -> list[RemoteFile]:
     """The files ``url`` names: itself, or the sorted matches of a glob; raises
-    FileNotFoundError when a glob matches nothing."""
+    FileNotFoundError when a glob matches nothing.
+
+    ``sized=False``: the caller streams the file whole (:func:`download`) and needs no size up
+    front; one http(s) URL is then not asked for it (a HEAD request, one round trip to the
+    server per source): :func:`download` takes its size and Content-MD5 from the GET's answer.
+    """
     import fsspec.core
 
     protocol = protocol_of(url)
     fs, path = fsspec.core.url_to_fs(expand_template(url), **access.options(protocol))
-    if any(char in path for char in (_URL_GLOB_CHARS if protocol in ("http", "https") else _GLOB_CHARS)):
+    http = protocol in ("http", "https")
+    if not sized and http and not any(char in path for char in _URL_GLOB_CHARS):
+        return [RemoteFile(url, fs, path, None, md5.lower() if md5 else None, "params" if md5 else "")]
+    if any(char in path for char in (_URL_GLOB_CHARS if http else _GLOB_CHARS)):
         found: dict[str, dict[str, Any]] = fs.glob(path, detail=True)
         infos = [found[name] for name in sorted(found) if found[name].get("type", "file") == "file"]
         if not infos:
@@ -121,15 +130,30 @@ def _md5_of(fs: AbstractFileSystem, info: Mapping[str, Any], verify_etag: bool) 
     return None, ""
 
 
-def download(file: RemoteFile, dest: Path, *, cancel: threading.Event, on_bytes: Callable[[int], None]) -> None:
-    """Stream ``file`` into ``dest`` (overwritten), then check its size and md5.
+@dataclass(frozen=True)
+class Announced:
+    """What a transfer was checked against: the size and md5 the source announced, where from."""
 
+    size: int | None
+    md5: str | None
+    md5_from: str = ""
+
+
+def download(file: RemoteFile, dest: Path, *, cancel: threading.Event, on_bytes: Callable[[int], None],
+             on_size: Callable[[int | None], None] | None = None) -> Announced:
+    """Stream ``file`` into ``dest`` (overwritten), then check its size and md5 against what the
+    source announced (as listed, or, for a file listed without, in the answer to the GET).
+
+    ``on_size``: told the size once the transfer knows it (None: the source does not say).
     Raises :class:`TransferIncomplete` (transient: the bytes were damaged on the way) when
     they differ from what the source announced, :class:`Cancelled` when ``cancel`` is set.
     """
     digest = hashlib.md5(usedforsecurity=False)
     written = 0
     with file.fs.open(file.path, "rb", **_stream_options(file)) as src, dest.open("wb") as sink:
+        announced = _announced(file, src)
+        if on_size is not None:
+            on_size(announced.size)
         while chunk := src.read(CHUNK_BYTES):
             if cancel.is_set():
                 raise Cancelled()
@@ -137,10 +161,27 @@ def download(file: RemoteFile, dest: Path, *, cancel: threading.Event, on_bytes:
             digest.update(chunk)
             written += len(chunk)
             on_bytes(len(chunk))
-    if file.size is not None and written != file.size:
-        raise TransferIncomplete(f"got {written} bytes, the source announced {file.size}")
-    if file.md5 is not None and digest.hexdigest() != file.md5:
-        raise TransferIncomplete(f"md5 {digest.hexdigest()} does not match {file.md5} ({file.md5_from})")
+    if announced.size is not None and written != announced.size:
+        raise TransferIncomplete(f"got {written} bytes, the source announced {announced.size}")
+    if announced.md5 is not None and digest.hexdigest() != announced.md5:
+        raise TransferIncomplete(f"md5 {digest.hexdigest()} does not match {announced.md5} ({announced.md5_from})")
+    return announced
+
+
+def _announced(file: RemoteFile, src: Any) -> Announced:
+    """The size and md5 to check ``file``'s bytes against: as listed; for an HTTP file listed
+    without them, the response's Content-Length (unless the body is encoded: aiohttp then
+    hands over more bytes than it says) and Content-MD5."""
+    headers = getattr(getattr(src, "r", None), "headers", None)  # fsspec's streamed HTTP file: aiohttp's response
+    if file.size is not None or headers is None:
+        return Announced(file.size, file.md5, file.md5_from)
+    length = headers.get("Content-Length")
+    encoded = headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
+    size = int(length) if length is not None and length.isdigit() and not encoded else None
+    if file.md5 is not None:
+        return Announced(size, file.md5, file.md5_from)
+    md5, source = _md5_of(file.fs, {"Content-MD5": headers.get("Content-MD5")}, verify_etag=False)
+    return Announced(size, md5, source)
 
 
 def read_range(file: RemoteFile, offset: int, length: int) -> bytes:
@@ -170,10 +211,12 @@ def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
 
 def _stream_options(file: RemoteFile) -> dict[str, Any]:
     """Open options for one sequential pass: over HTTP a single streamed GET (block_size
-    0), not ranged requests; the known size spares HTTP and S3 another HEAD."""
+    0), not ranged requests; the known size spares HTTP and S3 another HEAD. fsspec's HTTP
+    file system asks for the size (a HEAD) whenever it is not given one, though a stream does
+    not use it: a file listed without its size gets the GET alone (:func:`_announced`)."""
     protocols = _protocols(file.fs)
     if "http" in protocols:
-        return {"block_size": 0, "size": file.size}
+        return {"block_size": 0, "size": file.size if file.size is not None else _SIZE_FROM_THE_ANSWER}
     if "s3" in protocols:
         return {"block_size": CHUNK_BYTES, "size": file.size}
     return {}
