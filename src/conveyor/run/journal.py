@@ -5,7 +5,8 @@ entry under ``.conveyor/journal/`` (a rename: no data is copied), so the stage w
 into empty places, as under ``dvc repro``. Outs marked ``persist`` stay in place and a copy
 goes into the entry instead. Then:
 
-- the stage succeeds: the entry is dropped, the new outs stay;
+- the stage succeeds: the entry is dropped (renamed out of recovery's sight, then deleted),
+  the new outs stay;
 - it fails, times out or is interrupted: whatever it wrote is removed and the previous
   outs are moved back;
 - the process dies (kill -9): the entry stays behind, and the next conveyor command in
@@ -105,7 +106,7 @@ class Entry:
         with self._settle:
             if not self._settled:
                 self._settled = True
-                remove(self.folder)
+                _discard(self.folder)
 
     def release(self) -> None:
         fcntl.flock(self._lock, fcntl.LOCK_UN)
@@ -123,7 +124,20 @@ def restore_outs(root: Path, folder: Path, outs: Sequence[Kept]) -> None:
         elif not out.existed:
             remove(target)  # whatever the stage began to write where nothing was
         # else: it existed and was never moved away, or (persist) never copied: still in place
-    remove(folder)
+    _discard(folder)
+
+
+def _discard(folder: Path) -> None:
+    """Delete an entry that has served: first renamed to a hidden name, so that a kill -9 while
+    its previous outs are deleted (a large out takes a while) leaves nothing that recovery would
+    move back half deleted, then emptied with its lock last (the lock, still held, tells
+    recovery whether the process doing this is alive; see :meth:`Journal._recover_entry`)."""
+    hidden = folder.with_name(f".{folder.name}.done")
+    os.replace(folder, hidden)
+    for child in list(hidden.iterdir()):
+        if child.name != LOCK:
+            remove(child)
+    remove(hidden)
 
 
 class Journal:
@@ -208,7 +222,7 @@ class Journal:
             except BlockingIOError:
                 return None  # its stage is running
             if folder.name.startswith("."):
-                remove(folder)  # a draft whose process died before any out moved
+                remove(folder)  # a draft whose process died before any out moved, or an entry being discarded
                 return None
             data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
             outs = [Kept(o["path"], bool(o["existed"]), bool(o["persist"]), str(o["slot"])) for o in data["outs"]]
@@ -217,7 +231,8 @@ class Journal:
 
 
 def _remove_stale_draft(folder: Path, age_s: float = 60.0) -> None:
-    """A draft without a lock file whose process died between ``mkdir`` and ``open``."""
+    """A draft without a lock file whose process died between ``mkdir`` and ``open`` (or a
+    discarded entry, between the removal of its lock and of its folder)."""
     try:
         if folder.name.startswith(".") and time.time() - folder.stat().st_mtime > age_s:
             remove(folder)
