@@ -36,11 +36,14 @@ TEMPORARY: list[str] = []
 
 # A parent-death signal, then uvicorn: set before exec, so the server dies with the runner
 # even when the runner is killed with SIGKILL (PR_SET_PDEATHSIG = 1; it survives exec).
+# SIGKILL, not SIGTERM: uvicorn defers SIGTERM until its startup ends, and a first start
+# migrates a new database for seconds; SQLite's transactions (one per migration) make the
+# kill safe, and the next server goes on from the last migration committed.
 _LAUNCH = """
 import ctypes, os, signal, sys
 parent = int(sys.argv[1])
 try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 except (OSError, AttributeError):
     pass
 if os.getppid() != parent:
