@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,9 +39,11 @@ def replace_atomically(path: Path, text: str, scratch: Path | None = None, *, du
     for a file in the user's tree, where a kill -9 would otherwise leave it in plain sight.
     It must be on the same file system; where it is not, the file goes beside ``path``.
     ``durable``: the text is on disk (fsync) before the rename, so it survives a power loss too.
+    The temporary files of ``path`` that killed writers left behind go first.
     """
     folder = scratch if scratch is not None else path.parent
     folder.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(folder, path.name)
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -58,6 +61,28 @@ def replace_atomically(path: Path, text: str, scratch: Path | None = None, *, du
             replace_atomically(path, text, durable=durable)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _remove_stale_temporaries(folder: Path, name: str) -> None:
+    """The temporary files of ``name`` that writers killed mid-write left in ``folder`` (their
+    process is gone: the pid in the name says whose it was)."""
+    for stale in folder.glob(f".{glob.escape(name)}.*.tmp"):
+        pid = stale.name[len(name) + 2:-len(".tmp")]
+        if pid.isdigit() and not alive(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (someone else's included)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 @contextmanager

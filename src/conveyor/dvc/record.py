@@ -24,7 +24,7 @@ from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.errors import RunLockedError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
 from conveyor.spec.project import Project
-from conveyor.workspace import replace_atomically, state_dir
+from conveyor.workspace import alive, replace_atomically, state_dir
 
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
@@ -161,7 +161,7 @@ class DvcRecord:
             return []
         holders = [*data.get("write", {}).values(), *(i for infos in data.get("read", {}).values() for i in infos)]
         return sorted({f"{h.get('cmd', 'dvc')} (pid {h['pid']})" for h in holders
-                       if isinstance(h, dict) and _alive(int(h.get("pid", 0)))})
+                       if isinstance(h, dict) and alive(int(h.get("pid", 0)))})
 
     def _stage(self, name: str) -> PipelineStage:
         if name not in self._stages:
@@ -278,18 +278,6 @@ def _params(stage: PipelineStage, path: str, state: Mapping[str, str]) -> list[s
                 reasons += param_changes(was, now) or [f"params changed: {key}"]
             return reasons
     return [f"params changed: {key}" for key in state]
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_compiled(project: Project) -> None:
