@@ -329,10 +329,17 @@ def _stage_body(root: Path, stage: PipelineStage) -> tuple[dict[str, Any], list[
             continue
         item = {"path": _rel(root, out.fs_path), "persist": bool(out.persist)}
         (metrics if out.metric else outs).append(item)
-    deps = [_rel(root, dep.fs_path) if dep.is_in_repo else dep.def_path
-            for dep in stage.deps if not isinstance(dep, ParamsDependency)]
-    problems += [("deps", linked) for dep in stage.deps if not isinstance(dep, ParamsDependency) and dep.is_in_repo
-                 for linked in [link_problem(root, _rel(root, dep.fs_path))] if linked]
+    deps: list[str] = []
+    for dep in stage.deps:
+        if isinstance(dep, ParamsDependency):
+            continue
+        if not dep.is_in_repo:  # a URL, a path outside: DVC checks it, conveyor only passes it on
+            deps.append(dep.def_path)
+            continue
+        deps.append(_rel(root, dep.fs_path))
+        linked = link_problem(root, deps[-1])
+        if linked:
+            problems.append(("deps", linked))
     commands = stage.cmd if isinstance(stage.cmd, list) else str(stage.cmd or "").splitlines()
     commands = [c for c in commands if c.strip()]
     if not commands:
@@ -386,7 +393,10 @@ def _graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, PipelineSta
     from dvc.repo.graph import build_graph
 
     try:
-        graph = build_graph(list(stages.values()))
+        # Last stage first: DVC's cycle check (networkx's find_cycle) walks down from each node in
+        # the order given, through nodes it has seen before too, so in dvc.yaml's order (what a
+        # stage reads is usually written above it) a chain of N stages cost N^2/2 steps.
+        graph = build_graph(list(stages.values())[::-1])
     except DvcException as exc:  # overlapping outs, a cycle, an out that is also a dep
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", " ".join(str(exc).split()))]
                         ) from None
