@@ -11,8 +11,10 @@ project. Three projects, each made in a temporary directory with the real CLIs
   ``s00`` writes ``out/s00.txt``; ``s<k>`` reads ``out/s<k-1>.txt`` (its one dep) and
   writes ``out/s<k>.txt`` (its one out) with a shell ``cat``/``echo``; one `dvc repro`
   brings it up to date;
-* the same with one stage, so that the cost of one more skipped stage can be told from
-  the fixed cost of a run: ``(T(51 stages) - T(1 stage)) / 50`` on each side;
+* the same with one stage, and with 201 stages, so that the cost of one more skipped stage
+  can be told from the fixed cost of a run: ``(T(201 stages) - T(1 stage)) / 200`` on each
+  side (the 51-stage chain's difference, 50 x 2 ms = 0.1 s at the goal, is within what two
+  runs of the same command differ by on a shared 2-core machine; 200 x 2 ms is not);
 * the reference project of this repository: its tracked files (``git ls-files`` of
   harness.REPO, so any fresh clone works) copied into a new git repository, its committed
   dvc.yaml (compiled from configs/pipeline.yaml) and dvc.lock as they are, brought up to
@@ -64,8 +66,8 @@ from benchmarks.projects import (
 )
 
 NAME = "noop"
-DESCRIPTION = ("nothing to do: no-op conveyor run vs no-op dvc repro (a 51-stage chain, 1 stage, the reference "
-               "project); CLI start-up")
+DESCRIPTION = ("nothing to do: no-op conveyor run vs no-op dvc repro (chains of 51, 1 and 201 stages, the "
+               "reference project); CLI start-up")
 UP_TO_DATE = "Data and pipelines are up to date."
 NOOP_GOAL = 1.5  # a no-op conveyor run at most this many times the no-op dvc repro
 SKIP_GOAL_MS = 2.0  # per skipped stage
@@ -192,6 +194,7 @@ def _reference_stages(root: Path) -> list[str]:
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     n = 10 if config.quick else 51
+    slope_n = 10 if config.quick else 201  # the per-skipped-stage cost: (T(slope_n) - T(1)) / (slope_n - 1)
     repeats = config.reps(full=5, quick=2)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-noop-"))
     home = scratch / "prefect-home"  # every conveyor command here: no API URL, this PREFECT_HOME
@@ -203,15 +206,20 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     try:
         big = _chain_project(scratch / f"chain-{n}", n, home, log)
         small = _chain_project(scratch / "chain-1", 1, home, log)
+        longest = big if slope_n == n else _chain_project(scratch / f"chain-{slope_n}", slope_n, home, log)
+        chains = list({id(c): c for c in (big, small, longest)}.values())
         log(f"{NAME}: warm-up: one no-op of each command in each chain (not counted)")
-        for idle in (big, small):
+        for idle in chains:
             idle.dvc()
             idle.conveyor()
             idle.phases.clear()
-        log(f"{NAME}: {repeats} interleaved repetitions: no-op dvc repro vs no-op conveyor run, {n} and 1 stage(s)")
-        base, cand = interleaved(repeats, lambda _i: (big.dvc(), small.dvc()),
-                                 lambda _i: (big.conveyor(), small.conveyor()), log)
-        metrics += _chain_metrics(n, base, cand, notes)
+        log(f"{NAME}: {repeats} interleaved repetitions: no-op dvc repro vs no-op conveyor run, "
+            f"{', '.join(str(len(c.stages)) for c in chains)} stage(s)")
+        base, cand = interleaved(repeats, lambda _i: tuple(c.dvc() for c in chains),
+                                 lambda _i: tuple(c.conveyor() for c in chains), log)
+        at = {len(c.stages): k for k, c in enumerate(chains)}
+        metrics += _chain_metrics(n, slope_n, [{m: b[k] for m, k in at.items()} for b in base],
+                                  [{m: c[k] for m, k in at.items()} for c in cand], notes)
         notes.append(_phases(f"{n}-stage chain", big.phases))
 
         ref = scratch / "reference"
@@ -230,8 +238,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 "figure (as a multiple of dvc's time, or in absolute terms)",
         "chain": f"hand-written dvc.yaml, {n} cmd stages s00 -> ... -> s{n - 1:02d}: s00 echoes its name into "
                  "out/s00.txt, s<k> `(cat out/s<k-1>.txt; echo s<k>) > out/s<k>.txt` (dep: the previous out, "
-                 "out: its own); a second project with s00 alone; both made with git init, dvc init and brought "
-                 "up to date by one `dvc repro`",
+                 "out: its own); a second project with s00 alone" + ("" if slope_n == n else
+                 f", a third with {slope_n} stages (for the per-skipped-stage slope)") + "; each made with git init, "
+                 "dvc init and brought up to date by one `dvc repro`",
         "conveyor": "`conveyor run` with PREFECT_API_URL unset and a temporary PREFECT_HOME (shared by its runs): "
                     "a no-op needs no Prefect server; one that starts its embedded server is measured with it",
         "warm-up": "one no-op of each command in each chain before the repetitions (file cache, conveyor's "
@@ -254,21 +263,27 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     )
 
 
-def _chain_metrics(n: int, base: list[tuple[float, float]], cand: list[tuple[float, float]],
+def _chain_metrics(n: int, slope_n: int, base: list[dict[int, float]], cand: list[dict[int, float]],
                    notes: list[str]) -> list[Metric]:
+    """The no-op ratios of the ``n``-stage chain and of 1 stage, and the per-skipped-stage slope
+    from the ``slope_n``-stage chain; each repetition's seconds keyed by chain length."""
     goal = f"goal: <= {NOOP_GOAL:g}x, ratio >= {1 / NOOP_GOAL:.2f}"
-    many = Metric(f"no-op run, {n}-stage chain (s); {goal}", [b[0] for b in base], [c[0] for c in cand])
+    many = Metric(f"no-op run, {n}-stage chain (s); {goal}", [b[n] for b in base], [c[n] for c in cand])
     one = Metric(f"no-op run, 1 stage (s); {goal}", [b[1] for b in base], [c[1] for c in cand])
-    per = Metric(f"per skipped stage (ms), (T({n})-T(1))/{n - 1}; goal: <= {SKIP_GOAL_MS:g} ms",
-                 per_stage_ms(many.baseline, one.baseline, n - 1), per_stage_ms(many.candidate, one.candidate, n - 1),
-                 digits=1)
+    per = Metric(f"per skipped stage (ms), (T({slope_n})-T(1))/{slope_n - 1}; goal: <= {SKIP_GOAL_MS:g} ms",
+                 per_stage_ms([b[slope_n] for b in base], one.baseline, slope_n - 1),
+                 per_stage_ms([c[slope_n] for c in cand], one.candidate, slope_n - 1), digits=1)
+    metrics = [many, one]
+    if slope_n != n:
+        metrics.append(Metric(f"no-op run, {slope_n}-stage chain (s)", [b[slope_n] for b in base],
+                              [c[slope_n] for c in cand]))
     conv_per = median(per.candidate)
     notes += [f"no-op `conveyor run` / no-op `dvc repro` ({n} stages): median {_share(many):.2f}x "
               f"(goal <= {NOOP_GOAL:g}x: {met(_share(many) <= NOOP_GOAL)}); 1 stage: {_share(one):.2f}x",
               f"per skipped stage: conveyor {conv_per:.1f} ms, dvc repro {median(per.baseline):.1f} ms (medians of "
-              f"the per-repetition (T({n}) - T(1)) / {n - 1}); goal <= {SKIP_GOAL_MS:g} ms: "
+              f"the per-repetition (T({slope_n}) - T(1)) / {slope_n - 1}); goal <= {SKIP_GOAL_MS:g} ms: "
               f"{met(conv_per <= SKIP_GOAL_MS)}"]
-    return [many, one, per]
+    return [*metrics, per]
 
 
 def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Callable[[str], None],
