@@ -9,6 +9,7 @@ the run record says what happened, and the next run does not redo what succeeded
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pty
@@ -152,6 +153,33 @@ def test_sigterm_stops_the_run_and_exits_143(make_project: Callable[[], Project]
     assert "interrupted (SIGTERM): stopped a, b" in out and "Traceback" not in out
     assert_nothing_lost(project)
     assert project.record()["status"] == "interrupted"
+
+
+def _signalled_thread(pid: int) -> int:
+    """A thread of ``pid`` other than its main one that does not block SIGINT."""
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        tid = int(task.name)
+        status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
+        if tid != pid and not int(status["SigBlk"], 16) & (1 << (signal.SIGINT - 1)):
+            return tid
+    raise AssertionError(f"no thread of {pid} but the main one takes SIGINT")
+
+
+def test_sigint_delivered_to_another_thread_than_the_main_one_still_stops_the_run(
+        make_project: Callable[[], Project], prefect_home: Callable[[], Path]) -> None:
+    """The kernel hands a signal sent to a process to any of its threads; Python runs the handler
+    in the main thread, which must not sleep through it (it waits for stages that never end)."""
+    project = stuck_project(make_project, "configured", prefect_home)
+    proc = project.popen("run")
+    wait_both_started(project, lambda: proc.poll() is None)
+    t0 = time.monotonic()
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    assert tgkill(proc.pid, _signalled_thread(proc.pid), signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-3000:]
+    assert time.monotonic() - t0 < 20
+    assert "interrupted (SIGINT): stopped a, b" in out and "Traceback" not in out
+    assert_nothing_lost(project)
 
 
 def test_a_killed_run_is_recorded_interrupted_by_the_next_command_which_reruns_only_what_did_not_finish(

@@ -134,7 +134,7 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
         try:
             start_ready()
             while not schedule.finished:
-                stage = finished.get()
+                stage = _next_finished(finished)
                 if stage not in schedule.running:  # abandoned at its timeout, and now its thread ended
                     continue
                 abandoned = runner.abandoned(stage)
@@ -160,6 +160,19 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
 
 
 INTERRUPT_GRACE_S = 3.0  # for a stage to stop after Ctrl-C before it is abandoned
+SIGNAL_CHECK_S = 0.2  # the longest the main thread waits before it runs a pending signal handler
+
+
+def _next_finished(finished: queue.Queue[str]) -> str:
+    """The next stage whose task run ended, waited for in slices. A signal (Ctrl-C, SIGTERM) may
+    be delivered to any thread of the process, and Python runs its handler in the main thread:
+    a wait without a timeout is cut short only when the signal lands on the main thread itself,
+    so with every stage blocked, a Ctrl-C landing on another thread went unanswered."""
+    while True:
+        try:
+            return finished.get(timeout=SIGNAL_CHECK_S)
+        except queue.Empty:
+            continue
 
 
 def _stop(runner: StageRunner, running: set[str], futures: Mapping[str, Any], finished: queue.Queue[str],
