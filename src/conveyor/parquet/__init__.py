@@ -15,7 +15,8 @@ write none) are read as before: pyarrow verifies only the pages that carry one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["DamagedFileError", "damaged", "is_damaged", "read_dask", "read_pandas", "read_table", "reason"]
+__all__ = ["DamagedFileError", "damaged", "is_damaged", "naming_damage", "read_dask", "read_pandas", "read_table",
+           "reason"]
 
 _CHECKSUM = "checksum verification failed"  # pyarrow: "could not verify page integrity, CRC checksum ..."
 # what else pyarrow says of a page whose bytes are damaged (a CRC covers a page's data, not its
@@ -73,14 +75,9 @@ def read_table(path: str | Path, *, columns: Sequence[str] | None = None) -> pa.
     """``pyarrow.parquet.read_table``, verifying page checksums; a damaged page names its file."""
     import pyarrow.parquet as pq
 
-    try:
+    with naming_damage(path):
         return pq.read_table(path, columns=list(columns) if columns is not None else None,
                              page_checksum_verification=True)
-    except OSError as error:
-        named = damaged(path, error)
-        if named is None:
-            raise
-        raise named from error
 
 
 def read_pandas(path: str | Path, *, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -90,9 +87,17 @@ def read_pandas(path: str | Path, *, columns: Sequence[str] | None = None) -> pd
     """
     import pandas as pd
 
-    try:
+    with naming_damage(path):
         return pd.read_parquet(path, columns=list(columns) if columns is not None else None,
                                page_checksum_verification=True)
+
+
+@contextmanager
+def naming_damage(path: str | Path) -> Iterator[None]:
+    """pyarrow's error for a damaged page of what is read from ``path`` as the
+    :class:`DamagedFileError` naming the file (:func:`damaged`); other errors as they are."""
+    try:
+        yield
     except OSError as error:
         named = damaged(path, error)
         if named is None:
