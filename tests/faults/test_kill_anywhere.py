@@ -1,9 +1,10 @@
 """kill -9 of the runner of the reference pipeline, in each kind of stage in turn: the thread-pool
-ingest, the Dask preprocess, xgboost.dask training beside torch training, the stacked model,
-the evaluation. After each kill: no process of the run is left, every out is whole (the
-previous version or the new one), the next command records the run as interrupted, and the
-next run does not redo what succeeded. Each run goes one stage further than the last, so the
-whole series costs about one pipeline run plus start-ups.
+ingest, the Dask preprocess, xgboost.dask training beside torch DDP training on the same
+workers (killed once as each starts), the stacked model, the evaluation. After each kill: no
+process of the run is left, every out is whole (the previous version or the new one), the
+next command records the run as interrupted, and the next run does not redo what succeeded.
+Each run goes one stage further than the last, so the whole series costs about one pipeline
+run plus start-ups.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from projects import Project
 
 pytestmark = pytest.mark.slow
 
-KILL_IN = ["ingest", "preprocess", "train_xgb", "stack", "evaluate"]
+KILL_IN = ["ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate"]
 
 
 def wait_until_running(project: Project, stage: str, proc: subprocess.Popen[str], timeout_s: float = 300) -> str:
@@ -58,6 +59,9 @@ def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(ref
     spec = project.root / "configs/pipeline.yaml"
     on_workers = spec.read_text().replace(", in_process_below: 64MiB}", "}")
     assert "in_process_below" not in on_workers  # the 569 rows would run in process: the kills must land in Dask
+    ddp = "    task: tasks.train:mlp_model\n"
+    assert ddp in on_workers
+    on_workers = on_workers.replace(ddp, ddp + "    on: cpu\n")  # torch DDP, one rank per worker, beside xgboost.dask
     spec.write_text(on_workers)
     succeeded: set[str] = set()
     interrupted: set[str] = set()
