@@ -288,31 +288,21 @@ def test_killed_between_two_stages(make_project: MakeProject, version_1: Version
 # aside: data/second is in the journal entry, data/second.sum not yet (the command has not run);
 # back: the command failed; data/second.sum is back, data/second not yet;
 # drop: the command succeeded and was recorded; the entry, holding the previous outs, is being deleted.
+DYING_MOVE = """
+    from conveyor.run import journal
+
+    move = journal._move
+
+    def dying(source, target):
+        if {condition}:
+            die()
+        move(source, target)
+
+    journal._move = dying
+"""
 JOURNAL_KILLS = {
-    "aside": """
-        from conveyor.run import journal
-
-        move = journal._move
-
-        def dying(source, target):
-            if source.name == "second.sum" and ".conveyor" in target.parts:
-                die()
-            move(source, target)
-
-        journal._move = dying
-    """,
-    "back": """
-        from conveyor.run import journal
-
-        move = journal._move
-
-        def dying(source, target):
-            if target.name == "second" and ".conveyor" in source.parts:
-                die()
-            move(source, target)
-
-        journal._move = dying
-    """,
+    "aside": DYING_MOVE.format(condition='source.name == "second.sum" and ".conveyor" in target.parts'),
+    "back": DYING_MOVE.format(condition='target.name == "second" and ".conveyor" in source.parts'),
     "drop": """
         import shutil
 
