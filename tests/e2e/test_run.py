@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from conftest import Project
@@ -297,6 +298,29 @@ def test_the_temporary_prefect_server_ends_with_the_run_even_on_kill_9(
     proc.kill()
     proc.communicate(timeout=30)
     assert not project.left_running(grace_s=30), "a process outlived the killed run"
+
+
+def test_a_temporary_server_that_does_not_start_fails_the_run_and_its_record_says_why(
+        make_project: Callable[[], Project], tmp_path: Path) -> None:
+    project = make_project()
+    project.env = {k: v for k, v in project.env.items() if not k.startswith("PREFECT_API")}
+    (tmp_path / "home").write_text("a file, where Prefect wants its home folder")
+    project.env["PREFECT_HOME"] = str(tmp_path / "home")
+    project.write("configs/pipeline.yaml", """
+        pipeline: noserver
+        stages:
+          one: {cmd: echo 1 > one.txt, outs: [one.txt]}
+    """)
+    result = project.conveyor("run")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the temporary Prefect server exited" in result.stderr and "Traceback" not in result.stderr
+    record = project.record()
+    assert record["status"] == "failed"  # not "running": the next command would call it killed
+    assert record["stages"]["one"]["status"] == "not_run"
+    assert "the run failed before it started: " in record["stages"]["one"]["reason"]
+    assert not project.left_running(grace_s=5)
+    status = project.conveyor("status")
+    assert "was killed" not in status.stderr, status.stderr
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from projects import Project
 
@@ -138,6 +139,28 @@ def test_ctrl_c_in_a_terminal_stops_stages_blocked_in_c_calls_at_once(
     assert {name: st["status"] for name, st in record["stages"].items()} == {
         "c": "succeeded", "a": "interrupted", "b": "interrupted"}
     assert "cannot be interrupted" in record["stages"]["a"]["error"]
+
+
+def test_ctrl_c_while_the_temporary_server_starts_records_the_run_interrupted(
+        make_project: Callable[[], Project], prefect_home: Callable[[], Path]) -> None:
+    project = stuck_project(make_project, "temporary", prefect_home)
+    pid, fd = in_terminal(project, "run")
+    deadline = time.monotonic() + 120
+    while not [c for c in psutil.Process(pid).children(recursive=True) if "uvicorn" in " ".join(c.cmdline())]:
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the run ended before its server started"
+        assert time.monotonic() < deadline, "the temporary Prefect server never started"
+        time.sleep(0.02)
+    assert not list((project.root / ".conveyor/logs").glob("*/run.log")), "the flow had begun: too late"
+    os.write(fd, b"\x03")
+    code, screen, _ = read_until_exit(pid, fd, timeout_s=60)
+    assert code == 130, screen[-3000:]
+    assert "interrupted (SIGINT): no stage was running" in screen, screen[-3000:]
+    assert "Traceback" not in screen
+    assert_nothing_lost(project)
+    record = project.record()
+    assert record["status"] == "interrupted", record
+    assert {st["status"] for st in record["stages"].values()} == {"not_run"}
+    assert {st["reason"] for st in record["stages"].values()} == {"the run was interrupted before it started"}
 
 
 def test_sigterm_stops_the_run_and_exits_143(make_project: Callable[[], Project],

@@ -172,6 +172,22 @@ def run(
 
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
     """Run the session's due stages as a Prefect flow: on the configured server, else a temporary one."""
+    from conveyor.run.record import begin, close_before_flow
+
+    # "running" from here on, before a temporary server starts (seconds): a run killed even
+    # then leaves a record, which the next command settles as interrupted
+    begin(project, session.selected, run_id, session.options.overrides).write(project.root)
+    try:
+        return _flow_on_server(project, session, run_id, verbose)
+    except Exception as exc:  # e.g. the server did not start: the record must not stay "running"
+        from conveyor.run.stage import short_error
+
+        why = f"the run failed before it started: {short_error(exc)}"
+        close_before_flow(project, run_id, interrupted=False, why=why)
+        raise
+
+
+def _flow_on_server(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
     from conveyor.prefect.server import prefect_api
     from conveyor.run.capture import capture_output
     from conveyor.run.logs import log_path

@@ -4,7 +4,6 @@ and the exit (130 or 143) that does not wait for a stage abandoned in a C call.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -53,14 +52,13 @@ def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardIn
     """Ctrl-C or SIGTERM during a run, once everything it started has stopped: what the run did
     and what was stopped, then exit 130 (SIGINT) or 143 (SIGTERM)."""
     from conveyor.cli.view import summary
-    from conveyor.run.record import RunRecord, record_path
+    from conveyor.run.record import close_before_flow, record_path
 
     if isinstance(exc, Interrupted):
         _SIGNAL[:] = [exc.signal_name]
     path = record_path(project.root, run_id)
-    try:
-        record = RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):  # interrupted before the flow wrote its record
+    record = close_before_flow(project, run_id, interrupted=True)  # if stopped while its server started
+    if record is None:  # interrupted before the run wrote its record: it had decided nothing
         stopped(err, "before any stage started: nothing changed")
     err.print(summary(record, project, f"conveyor run{project.spec_option}"))
     names = record.interrupted

@@ -232,6 +232,27 @@ def settle_killed_run(root: Path) -> RunRecord | None:
     return run
 
 
+def read(root: Path, run_id: str) -> RunRecord | None:
+    """The record of run ``run_id``; None when it wrote none (or it cannot be read)."""
+    try:
+        return RunRecord.from_dict(json.loads(record_path(root, run_id).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def close_before_flow(project: Project, run_id: str, *, interrupted: bool, why: str = "") -> RunRecord | None:
+    """The record of run ``run_id``, closed if it still says ``running``: the run stopped before its
+    flow began (Ctrl-C, or its server did not start), so no stage ran; ``why`` becomes each stage's
+    reason. None when the run wrote no record."""
+    run = read(project.root, run_id)
+    if run is not None and run.status == RUNNING:
+        for stage in run.stages.values():
+            stage.reason = stage.reason or why
+        run.close(project.graph, (now() - datetime.fromisoformat(run.started)).total_seconds(), interrupted=interrupted)
+        run.write(project.root)
+    return run
+
+
 def record_path(root: Path, run_id: str) -> Path:
     return state_dir(root) / "runs" / f"{run_id}.json"
 
