@@ -33,6 +33,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 from subprocs import stop_group
@@ -187,6 +188,14 @@ def task_runs(project: Project, flow_run_id: str) -> list[Any]:
         return list(api.read_task_runs(flow_run_filter=FlowRunFilter(id=ids)))
 
 
+def flow_run_logs(project: Project, flow_run_id: str) -> list[str]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with client(project) as api:
+        found = api.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(flow_run_id)])))
+    return [log.message for log in found]
+
+
 def deployment_runs(project: Project, name: str, *, scheduled_only: bool = False) -> list[Any]:
     from prefect.client.schemas.filters import (
         DeploymentFilter,
@@ -309,6 +318,7 @@ def test_deploy_and_serve_need_a_prefect_server_and_a_prefect_yaml(tmp_path: Pat
 class Served:
     project: Project
     log: Path
+    proc: subprocess.Popen[bytes]  # `conveyor serve`: it starts a process per flow run
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +335,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, s
                                 env={**project.env, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}, start_new_session=True)
     try:
         _wait_polled(project, proc, log, since)
-        yield Served(project, log)
+        yield Served(project, log, proc)
     finally:
         stop_group(proc, timeout=30)
 
@@ -478,6 +488,56 @@ def test_deployment_parameters_that_fail_validation_are_rejected_before_anything
         assert task_runs(project, flow_run_id) == []
     assert (latest.read_text() if latest.exists() else None) == before
     assert (book.read_text() if book.exists() else None) == book_before
+
+
+STUCK_SPEC = """
+pipeline: stuck
+stages:
+  block: {task: tasks.stuck:block, outs: [data/blocked.txt], timeout_s: 2}
+"""
+
+STUCK_TASK = """
+import time
+
+
+def block(ctx):
+    ctx.outs["data/blocked.txt"].write_text("new")
+    (ctx.root / "block.started").touch()
+    time.sleep(600)  # one C call: the timeout cannot land in it
+"""
+
+
+@pytest.mark.slow
+def test_a_deployment_run_whose_stage_is_abandoned_at_its_timeout_ends_its_process(served: Served) -> None:
+    """The flow run fails at the stage's timeout, and its process (the runner's child) exits then,
+    not when the C call the stage is blocked in returns."""
+    project = served.project
+    project.write("configs/stuck.yaml", STUCK_SPEC)
+    project.write("tasks/stuck.py", STUCK_TASK)
+    project.write("data/blocked.txt", "old")
+    flow_run_id = deployment_run(project, PIPELINE, "spec=configs/stuck.yaml")
+
+    def flow_run_process() -> psutil.Process | None:
+        for child in psutil.Process(served.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.environ().get("PREFECT__FLOW_RUN_ID") == flow_run_id:
+                    return child
+        return None
+
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while (process := flow_run_process()) is None:
+        assert time.monotonic() < deadline, f"no process runs flow run {flow_run_id}:\n{served.log.read_text()[-3000:]}"
+        time.sleep(0.1)
+    run = wait_final(project, flow_run_id)
+    assert run.state.is_failed(), run.state.message
+    assert "timed out after 2s" in project.record()["stages"]["block"]["error"]
+    assert (project.root / "data/blocked.txt").read_text() == "old"  # put back when it was abandoned
+    try:
+        process.wait(timeout=30)
+    except psutil.TimeoutExpired:
+        pytest.fail(f"the flow run's process still runs 30 s after the run failed: {process.cmdline()}")
+    # and Prefect has the run's last log lines
+    assert any(line.startswith("Finished in state Failed") for line in flow_run_logs(project, flow_run_id))
 
 
 # ---------------------------------------------------------------- the retraining checks, without a server

@@ -21,6 +21,7 @@ from typing import Any
 from prefect import State, flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
@@ -53,14 +54,22 @@ class StageTaskRunner(ThreadPoolTaskRunner[Any]):
     stage's outs; the thread ends with the process."""
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        if (exc_type is None and not stuck()) or self._executor is None:
-            super().__exit__(exc_type, exc_value, traceback)
-            return
-        for event in self._cancel_events.values():
+        let_go(self, only_if_stuck=exc_type is None)
+        super().__exit__(exc_type, exc_value, traceback)
+
+
+def let_go(runner: TaskRunner[Any] | None, *, only_if_stuck: bool = False) -> None:
+    """Tell a thread-pool task runner not to wait for its threads when it exits (only if a stage's
+    thread is stuck, with ``only_if_stuck``): its pool shuts down without joining, and its exit,
+    which joins whatever pool it still has, finds none. A stage blocked in a C call would
+    otherwise hold the flow run, and its process, for as long as the call lasts."""
+    if only_if_stuck and not stuck():
+        return
+    if isinstance(runner, ThreadPoolTaskRunner) and runner._executor is not None:
+        for event in runner._cancel_events.values():
             event.set()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._executor = None
-        TaskRunner.__exit__(self, exc_type, exc_value, traceback)
+        runner._executor.shutdown(wait=False, cancel_futures=True)
+        runner._executor = None
 
 
 def _stage_task(stage: str, runner: StageRunner) -> str:
@@ -323,6 +332,8 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
             if stage.status in (Outcome.SUCCEEDED.value, Outcome.SKIPPED.value):
                 stage.metrics = stage_metrics(project.root, project.metrics_of(name))
         run.write(project.root)
+        # the flow may be the project's own, on Prefect's default task runner (a deployment's)
+        let_go(getattr(FlowRunContext.get(), "task_runner", None), only_if_stuck=True)
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
     create_table_artifact(artifact_rows(run), key="conveyor-run-params-metrics",  # = `conveyor compare RUN`

@@ -13,7 +13,11 @@ stage, whose whole process group is killed.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
+import os
+import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -25,6 +29,7 @@ GRACE_S = 12.0  # after the timeout, for the exception to land (a Dask wait take
 
 _STUCK: set[threading.Thread] = set()  # threads of abandoned stages (timed out or interrupted)
 _STUCK_LOCK = threading.Lock()
+_EXIT_HOOKED = threading.Event()  # set once the exit hook for stuck threads is registered
 
 
 class TaskTimedOut(Exception):
@@ -56,6 +61,37 @@ def abandoned(thread: threading.Thread) -> None:
     """``thread`` belongs to a stage that was given up on: the process must not wait for it."""
     with _STUCK_LOCK:
         _STUCK.add(thread)
+        first = not _EXIT_HOOKED.is_set()
+        _EXIT_HOOKED.set()
+    if first:  # run first at interpreter exit (they run last-registered first), before threads are joined
+        with contextlib.suppress(RuntimeError):  # the interpreter is already exiting
+            threading._register_atexit(_exit_past_stuck)  # type: ignore[attr-defined]
+
+
+def _exit_past_stuck() -> None:
+    """The interpreter's exit, when a stage's thread is still blocked: it would join that thread
+    (the pool's threads and every non-daemon thread are joined) for as long as the C call lasts.
+    A process conveyor does not end itself (a deployment's flow run, in the process Prefect's
+    runner or worker starts) would hold its slot, its GPU and its memory all that time.
+
+    So the rest of the exit runs here: the other exit hooks of threads (Prefect drains its log
+    and event workers there; the thread pools' join is left out) and the atexit handlers, then
+    the process ends without joining threads, with the code an unhandled exception gives (1),
+    else 0, as Prefect's engine exits once it has recorded the flow run's final state.
+    """
+    if not stuck():
+        return
+    from concurrent.futures import thread as pool_threads
+
+    skip = (_exit_past_stuck, pool_threads._python_exit)
+    for call in reversed(list(threading._threading_atexits)):  # type: ignore[attr-defined]
+        if getattr(call, "func", call) not in skip:
+            call()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    unhandled = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    os._exit(1 if unhandled is not None else 0)
 
 
 def stuck() -> list[threading.Thread]:
