@@ -163,9 +163,10 @@ def test_ctrl_c_while_the_temporary_server_starts_records_the_run_interrupted(
     assert {st["reason"] for st in record["stages"].values()} == {"the run was interrupted before it started"}
 
 
+@pytest.mark.parametrize("server", ["configured", "temporary"])
 def test_sigterm_stops_the_run_and_exits_143(make_project: Callable[[], Project],
-                                              prefect_home: Callable[[], Path]) -> None:
-    project = stuck_project(make_project, "configured", prefect_home)
+                                              prefect_home: Callable[[], Path], server: str) -> None:
+    project = stuck_project(make_project, server, prefect_home)
     proc = project.popen("run")
     wait_both_started(project, lambda: proc.poll() is None)
     t0 = time.monotonic()
