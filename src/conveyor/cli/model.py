@@ -1,0 +1,92 @@
+"""``conveyor predict`` and ``conveyor serve-model``: a trained model, scored in batch or served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from conveyor.cli import signals
+from conveyor.cli.app import SpecOption, _project, app, err, out
+from conveyor.errors import UsageError
+
+
+@app.command()
+def predict(
+    input_: Annotated[str, typer.Option("--input", "-i", metavar="URL", show_default=False,
+                                        help="Parquet or CSV: a path, glob or fsspec URL (file, http, s3).")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.parquet", show_default=False,
+                                         help="The parquet file of scores to write (replaced whole).")],
+    model: Annotated[str, typer.Option("--model", "-m", metavar="champion|DIR",
+                                       help="The registry's champion (else the latest run's model), or a "
+                                            "directory holding the model's files at their project paths.")
+                     ] = "champion",
+    config: SpecOption = None,
+    profile: Annotated[str | None, typer.Option("--profile", metavar="NAME",
+                                                help="Score on this Dask profile of the spec instead of a swarm "
+                                                     "started for the job.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, metavar="N",
+                                                help="Worker processes of the swarm (default: one per core, "
+                                                     "at most 8).")] = None,
+    memory_limit: Annotated[str | None, typer.Option("--memory-limit", metavar="SIZE",
+                                                     help="Of each swarm worker (e.g. 2GiB).")] = None,
+    id_column: Annotated[str | None, typer.Option("--id", metavar="COLUMN",
+                                                  help="The input column copied beside each score (default: "
+                                                       "the spec's model.id, else the row number).")] = None,
+    allow_extra: Annotated[bool, typer.Option("--allow-extra",
+                                              help="Ignore input columns the model does not read.")] = False,
+    blocksize: Annotated[str, typer.Option("--partition-size", metavar="SIZE",
+                                           help="Bytes of input per partition.")] = "64MiB",
+) -> None:
+    """Score a file in batch on a Dask cluster started for the job (or --profile), then release it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from conveyor.predict import batch
+    from conveyor.run.profiles import Profiles
+
+    project = _project(config)
+    if not _is_size(blocksize):
+        raise UsageError(f"--partition-size {blocksize}: write a size like 64MiB")
+    profiles, name = batch.options_of(project, profile, workers, memory_limit)
+    job, frame = batch.plan(project, model, input_, output, id_column=id_column, allow_extra=allow_extra,
+                            blocksize=blocksize)
+    bar = Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
+                   TimeElapsedColumn(), console=err, transient=True)
+    task = bar.add_task("scoring", total=None)
+    with Profiles(profiles) as started, bar:
+        client = started.get(name).client
+        assert client is not None  # options_of refuses thread pools
+        scored = batch.run(job, frame, project.root, client, owned=name == batch.SWARM,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    out.print(batch.describe(scored), highlight=False, soft_wrap=True)
+
+
+def _is_size(text: str) -> bool:
+    from conveyor.spec.models import BYTES
+
+    return bool(BYTES.match(text))
+
+
+@app.command("serve-model")
+def serve_model(
+    model: Annotated[str, typer.Option("--model", "-m", metavar="champion|DIR",
+                                       help="The registry's champion, followed as it changes (else the latest "
+                                            "run's model), or a directory holding the model's files.")
+                     ] = "champion",
+    config: SpecOption = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: a free one, printed).")] = 8000,
+    max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows per request at most.")] = 10_000,
+    max_body: Annotated[str, typer.Option("--max-body", metavar="SIZE", help="Request body size at most.")
+                        ] = "16MiB",
+) -> None:
+    """Serve the model over HTTP (POST /predict, GET /model, GET /health, OpenAPI at /docs) until Ctrl-C."""
+    from conveyor.predict.service import serve
+
+    if not _is_size(max_body):
+        raise UsageError(f"--max-body {max_body}: write a size like 16MiB")
+    try:
+        serve(_project(config), model, host=host, port=port, max_rows=max_rows, max_body=max_body)
+    except KeyboardInterrupt:  # uvicorn has shut down gracefully, then re-raised the signal
+        signals.stopped(err, "the model service stopped")
