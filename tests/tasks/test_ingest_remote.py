@@ -327,6 +327,31 @@ def test_the_barrier_catches_a_serial_ingest(bench: StageBench, serve: Callable[
     assert server.broken_barriers >= 1
 
 
+def test_files_parsed_beside_the_transfers_arrive_in_order_however_many_wait(
+        bench: StageBench, serve: Callable[..., FlakyServer]) -> None:
+    """Arrived files wait for their parse on a pool of their own, at most twice the stage pool's
+    size of them: with 30 files on 2 threads, transfers wait for parses and none is lost."""
+    files = {f"{i:02d}.csv": csv_bytes(200, i) for i in range(30)}
+    server = serve(files)
+
+    run_ingest(bench, [server.url(name) for name in files], workers=2)
+
+    pd.testing.assert_frame_equal(ingested(bench.root), expected(*files.values()))
+    assert leftovers(bench.root) == []
+
+
+def test_a_bad_file_among_many_fails_the_stage_and_leaves_no_download_behind(
+        bench: StageBench, serve: Callable[..., FlakyServer]) -> None:
+    files = {f"{i:02d}.csv": csv_bytes(200, i) for i in range(20)}
+    files["07.csv"] = b"a,b,c,d,label\n1,2,three,4,5\n"
+    server = serve(files)
+
+    with pytest.raises(SourceError, match=rf"'{server.url('07.csv')}': .*line 2, column 'c'"):
+        run_ingest(bench, [server.url(name) for name in files], workers=4)
+
+    assert leftovers(bench.root) == []  # no download awaiting its parse, no half-written part
+
+
 # --- S3 (moto) --------------------------------------------------------------------------
 
 

@@ -8,7 +8,8 @@ Sources (``ingest.sources``) are fsspec URLs or globs (``file://``, ``http(s)://
   re-read, not the file. For large single files.
 - ``files``: each file is streamed into a hidden temporary file, checked against the size
   and md5 its source gives (``md5:`` in params, an S3 ETag, Content-MD5), then parsed
-  into parts of ``rows_per_part`` rows. For many files, and wherever checksums matter.
+  into parts of ``rows_per_part`` rows on a pool of its own while the next transfers go
+  on. For many files, and wherever checksums matter.
 - ``{kind: synthetic, ...}``: HIGGS-shaped shards generated in parallel (:mod:`conveyor.ingest.synthetic`).
 
 Transient failures (5xx, timeouts, dropped connections, damaged transfers) are retried
@@ -25,10 +26,12 @@ the file, line and column, or, with ``on_bad_rows: skip``, is left out and kept 
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -49,6 +52,7 @@ __all__ = ["Ingested", "SourceError", "expand_template", "fetch_sources"]
 T = TypeVar("T")
 BAD_ROWS = "_bad_rows"  # under the out: parquet readers (pyarrow, dask) skip names starting with _
 _DEFAULT_WORKERS = 8
+_WAIT_SLICE_S = 0.5
 _MB = 1e6
 
 
@@ -207,14 +211,33 @@ class IngestRun:
     # --- execution ------------------------------------------------------------------
 
     def execute(self, pool: Executor, units: Sequence[Unit]) -> int:
-        """Run every unit on the pool; the total number of rows written."""
-        return sum(run_all(pool, [self._runner(unit) for unit in units], self.cancel, self.meter.unit_done))
+        """Run every unit on the pool; the total number of rows written.
 
-    def _runner(self, unit: Unit) -> Callable[[], int]:
+        A whole-file transfer is parsed on a pool of its own (as many threads as cores): the
+        stage's pool thread goes on to the next transfer at once, so transfers keep waiting
+        on the network while the files that arrived are parsed. At most twice the stage
+        pool's size of arrived files wait for their parse (the disk they take is bounded).
+        """
+        transfers = [unit for unit in units if isinstance(unit, Transfer)]
+        if not transfers:
+            return sum(run_all(pool, [self._runner(unit) for unit in units], self.cancel, self.meter.unit_done))
+        waiting = threading.BoundedSemaphore(2 * getattr(pool, "_max_workers", _DEFAULT_WORKERS))
+        try:
+            with ThreadPoolExecutor(max_workers=min(len(transfers), os.cpu_count() or 1),
+                                    thread_name_prefix="ingest-parse") as parsers:
+                return sum(run_all(pool, [self._runner(unit, parsers, waiting) for unit in units], self.cancel,
+                                   self.meter.unit_done))
+        finally:  # transfers that arrived but were never parsed (a failure elsewhere cancelled them)
+            for unit in transfers:
+                self._download_path(unit).unlink(missing_ok=True)
+
+    def _runner(self, unit: Unit, parsers: Executor | None = None,
+                waiting: threading.BoundedSemaphore | None = None) -> Callable[[], int | Future[int]]:
         if isinstance(unit, Shard):
             return lambda: self._shard(unit)
         if isinstance(unit, Transfer):
-            return lambda: self._transfer(unit)
+            assert parsers is not None and waiting is not None
+            return lambda: self._transfer(unit, parsers, waiting)
         return lambda: self._block(unit)
 
     def _shard(self, unit: Shard) -> int:
@@ -233,9 +256,13 @@ class IngestRun:
         where = f"{file.path} bytes {block.offset}+{block.length}"
         return self._write_parts(file, where, data, index=block.index, skip_rows=0, rows_per_part=None)
 
-    def _transfer(self, unit: Transfer) -> int:
+    def _download_path(self, unit: Transfer) -> Path:
+        return temporary(part_path(self.out, unit.index).with_suffix(""), "download")  # .part-00003.download
+
+    def _transfer(self, unit: Transfer, parsers: Executor, waiting: threading.BoundedSemaphore) -> Future[int]:
+        """Download the file (retried as a whole), then hand it to ``parsers``: its rows, to come."""
         file, counted = unit.file, [0]
-        dest = temporary(part_path(self.out, unit.index).with_suffix(""), "download")  # .part-00003.download
+        dest = self._download_path(unit)
 
         def count(n: int) -> None:
             counted[0] += n
@@ -247,14 +274,28 @@ class IngestRun:
             on_size = partial(self.meter.announce, unit) if unit.nbytes is None else None
             return download(file, dest, cancel=self.cancel, on_bytes=count, on_size=on_size)
 
+        def parse() -> int:
+            try:
+                if self.cancel.is_set():
+                    raise Cancelled()
+                return self._write_parts(file, file.path, dest, index=unit.index, skip_rows=None,
+                                         rows_per_part=self.params.rows_per_part)
+            finally:
+                dest.unlink(missing_ok=True)
+                waiting.release()
+
+        while not waiting.acquire(timeout=0.2):  # arrived files wait for their parse: this one waits to start
+            if self.cancel.is_set():
+                raise Cancelled()
         try:
             checked = self._retrying(file.url, file.location, attempt)
             self.log.debug("%s: %d bytes arrived; checked: size %s, md5 %s", file.location, counted[0],
                            checked.size is not None, checked.md5_from or "none given")
-            return self._write_parts(file, file.path, dest, index=unit.index, skip_rows=None,
-                                     rows_per_part=self.params.rows_per_part)
-        finally:
+            return parsers.submit(parse)
+        except BaseException:
             dest.unlink(missing_ok=True)
+            waiting.release()
+            raise
 
     def _write_parts(self, file: RemoteFile, where: str, src: Path | bytes, *, index: int,
                      skip_rows: int | None, rows_per_part: int | None) -> int:
@@ -304,19 +345,35 @@ class IngestRun:
             raise SourceError(url, where + str(exc)) from exc.error
 
 
-def run_all(pool: Executor, fns: Sequence[Callable[[], T]], cancel: threading.Event,
+def run_all(pool: Executor, fns: Sequence[Callable[[], T | Future[T]]], cancel: threading.Event,
             on_done: Callable[[], None] | None = None) -> list[T]:
-    """``[fn() for fn in fns]`` on the pool, results in order.
+    """``[fn() for fn in fns]`` on the pool, results in order. A function may hand its work on:
+    its result is then a future (of another pool), whose result is the function's.
 
     On the first failure the work not started is cancelled (the runner's pool is shared),
     the running work is told to stop and awaited (so it leaves no file behind), and the
     error propagates. On Ctrl-C nothing is awaited.
     """
-    futures: list[Future[T]] = [pool.submit(fn) for fn in fns]
+    ended: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+    futures: list[Future[Any]] = [pool.submit(fn) for fn in fns]
+    slot = {future: k for k, future in enumerate(futures)}
+    for future in futures:
+        future.add_done_callback(ended.put)
+    left = len(futures)
     try:
-        for future in as_completed(futures):
-            future.result()
-            if on_done is not None:
+        while left:
+            try:  # in slices: a timeout or Ctrl-C raised into this thread lands between them
+                future = ended.get(timeout=_WAIT_SLICE_S)
+            except queue.Empty:
+                continue
+            left -= 1
+            result = future.result()
+            if isinstance(result, Future):  # handed on: its result, to come, is this one's
+                slot[result] = k = slot[future]
+                futures[k] = result
+                left += 1
+                result.add_done_callback(ended.put)
+            elif on_done is not None:
                 on_done()
     except BaseException as exc:
         cancel.set()
