@@ -80,3 +80,35 @@ def test_why_a_stage_is_stale_names_paths_in_the_project_from_any_working_direct
     with record.session():
         assert record.reasons("one") == ["out changed: one.txt"]
         assert record.reasons("two") == ["dep changed: one.txt"]
+
+
+def test_dvc_checks_the_schema_of_a_dvc_yaml_again_only_when_its_bytes_changed(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dvc.utils import strictyaml
+
+    from conveyor.errors import SpecError
+
+    checked: Counter[str] = Counter()
+    validate = strictyaml.validate
+
+    def counting(data: object, schema: object, *args: object, **kwargs: object) -> object:
+        checked[Path(str(kwargs.get("path"))).name] += 1
+        return validate(data, schema, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(strictyaml, "validate", counting)
+    load_project(repo / "dvc.yaml")
+    load_project(repo / "dvc.yaml")
+    assert checked["dvc.yaml"] == 1  # the second load: the same bytes, already checked
+    assert (repo / ".conveyor/dvc-schema-checked").read_text().startswith(f"{repo.resolve() / 'dvc.yaml'} sha256 ")
+
+    (repo / "dvc.yaml").write_text(DVC_YAML.replace("outs: [one.txt]", "outs: [one.txt]\n    frozen: maybe"))
+    with pytest.raises(SpecError, match="frozen"):  # a changed file is checked again
+        load_project(repo / "dvc.yaml")
+    assert checked["dvc.yaml"] == 2
+    (repo / "dvc.yaml").write_text(DVC_YAML)  # back to the bytes that passed
+    load_project(repo / "dvc.yaml")
+    assert checked["dvc.yaml"] == 2
+    (repo / "dvc.yaml").write_text(DVC_YAML + "  three:\n    cmd: echo 3\n")
+    load_project(repo / "dvc.yaml")
+    load_project(repo / "dvc.yaml")
+    assert checked["dvc.yaml"] == 3

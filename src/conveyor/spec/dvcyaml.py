@@ -258,8 +258,11 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
     from dvc.dvcfile import load_file
     from dvc.exceptions import DvcException
 
+    checked = SchemaChecked(Path(repo.root_dir), dvc_file)
     try:
         loaded = load_file(repo, str(dvc_file))  # absolute: DVC reads a relative path from the cwd
+        if checked.before:
+            loaded.SCHEMA = None  # these very bytes passed DVC's schema check (it only checks: nothing changes)
         stages = {stage.name: stage for stage in loaded.stages.values()}
     except DvcException as exc:
         raise SpecError(_dvc_issues(dvc_file, written, exc)) from None
@@ -269,7 +272,50 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
                                    f"DVC cannot load it: {said}; `dvc repro` fails on it too")]) from None
     if not stages:
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", "no stages to run")])
+    checked.remember()
     return loaded, stages
+
+
+class SchemaChecked:
+    """Whether DVC's schema check already passed on these very bytes of a dvc.yaml, with this DVC.
+
+    DVC checks a dvc.yaml against its schema each time it loads it, and keeps nothing of the
+    check (its loader discards the checked copy). The check compiles a schema per stage:
+    1.3 ms of each stage of a no-op run. What passed once passes again, so it runs when the
+    file (or DVC) changed since it last passed: the file's hash, with DVC's version, is kept
+    in ``.conveyor/dvc-schema-checked``.
+    """
+
+    def __init__(self, root: Path, dvc_file: Path) -> None:
+        import hashlib
+
+        from dvc import __version__ as dvc_version
+
+        from conveyor.workspace import STATE_DIR
+
+        self.root = root
+        self.path = root / STATE_DIR / "dvc-schema-checked"
+        try:
+            self.digest: str | None = hashlib.sha256(dvc_file.read_bytes()).hexdigest()
+        except OSError:
+            self.digest = None
+        self.key = f"{dvc_file.resolve()} sha256 {self.digest} dvc {dvc_version}\n"
+        try:
+            self.before = self.digest is not None and self.path.read_text(encoding="utf-8") == self.key
+        except (OSError, UnicodeDecodeError):
+            self.before = False
+
+    def remember(self) -> None:
+        """DVC's check passed (or had passed): the next load skips it while nothing changes."""
+        if self.before or self.digest is None:
+            return
+        from conveyor.workspace import replace_atomically, state_dir
+
+        try:
+            state_dir(self.root)
+            replace_atomically(self.path, self.key)
+        except OSError:  # a read-only project: DVC checks it each time, as it always does
+            pass
 
 
 _RESOLVE = re.compile(r"failed to parse '([^']*)' in '[^']*':\s*(.*)", re.DOTALL)
