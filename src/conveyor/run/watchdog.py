@@ -76,8 +76,9 @@ def _exit_past_stuck() -> None:
 
     So the rest of the exit runs here: the other exit hooks of threads (Prefect drains its log
     and event workers there; the thread pools' join is left out) and the atexit handlers, then
-    the process ends without joining threads, with the code an unhandled exception gives (1),
-    else 0, as Prefect's engine exits once it has recorded the flow run's final state.
+    the process ends without joining threads: with 1 after an unhandled exception, else 0, as
+    Prefect's engine exits once the flow run's final state is recorded (the code a
+    ``sys.exit(n)`` asked for is not known here; the command line ends itself before this).
     """
     if not stuck():
         return
