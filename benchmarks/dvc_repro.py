@@ -19,6 +19,10 @@ on 2 cores, 4x on 4 or more), less what conveyor spends besides the stages (inte
 start, imports, loading dvc.yaml through DVC, the Prefect flow run) beyond what
 `dvc repro` spends on its own start and hashing.
 
+A fourth row runs the same dvc.yaml with ``conveyor run -c configs/placed.yaml``: a
+conveyor spec beside it (dvc.yaml untouched) that places the branches on a threads profile
+of 4, as a user whose stages wait rather than compute would; then all four wait at once.
+
 Every measured run starts from its own fresh copy of the same pristine project (no lock,
 no outs, no run cache), so both sides do the same work. The main figure runs conveyor
 against one `prefect server start` started here before any measurement (a long-running
@@ -54,6 +58,15 @@ BRANCHES = [f"branch@{item}" for item in ITEMS]
 STAGES = ["prepare", *BRANCHES, "join"]
 OUTS = ["data/prepared.txt", *(f"out/{item}.txt" for item in ITEMS), "data/joined.txt"]
 UP_TO_DATE = "Data and pipelines are up to date."
+PLACED = "configs/placed.yaml"  # the branches on a threads profile: what a user whose stages wait writes
+PLACED_SPEC = f"""\
+# beside the untouched dvc.yaml: its branches wait (on a service, a queue), so they need no core each
+dvc: dvc.yaml
+profiles:
+  waits: {{kind: threads, max_workers: {len(ITEMS)}}}
+placement:
+  "branch@*": {{on: waits}}
+"""
 CORES = os.cpu_count() or 1  # conveyor's bound on local stages at once
 AT_ONCE = min(len(ITEMS), CORES)
 
@@ -118,6 +131,8 @@ def make_template(root: Path, sleep_s: float) -> None:
     _cli(["git", "init", "-q"], root, env)
     _cli(["dvc", "init", "-q"], root, env)
     (root / "dvc.yaml").write_text(dvc_yaml(sleep_s))
+    (root / PLACED).parent.mkdir()
+    (root / PLACED).write_text(PLACED_SPEC)
     _cli(["git", "add", "-A"], root, env)
     _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "dvc.yaml"], root, env)
 
@@ -241,6 +256,10 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
             base, cand = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
                                      lambda _i: twins.run("conveyor", conveyor, server.env), log)
+            log(f"{NAME}: {repeats} interleaved repetitions, conveyor with the branches placed on a threads "
+                f"profile ({PLACED})")
+            placed = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
+                                 lambda _i: twins.run("conveyor-placed", [*conveyor, "-c", PLACED], server.env), log)
             startup_s = server.startup_s
 
         def cold(_i: int) -> Outcome:
@@ -258,12 +277,13 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     check_same(base, cand, "shared server")
+    check_same(*placed, "shared server, branches placed")
     check_same(cold_base, cold_cand, "embedded server")
-    return _result(sleep_s, startup_s, (base, cand), (cold_base, cold_cand))
+    return _result(sleep_s, startup_s, (base, cand), (cold_base, cold_cand), placed)
 
 
 def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Outcome]],
-            cold: tuple[list[Outcome], list[Outcome]]) -> Result:
+            cold: tuple[list[Outcome], list[Outcome]], placed: tuple[list[Outcome], list[Outcome]]) -> Result:
     base, cand = warm
     serial_sleep = len(ITEMS) * sleep_s
     parallel_sleep = math.ceil(len(ITEMS) / AT_ONCE) * sleep_s
@@ -274,9 +294,14 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                       [o.wall - serial_sleep for o in base], [o.wall - parallel_sleep for o in cand])
     cold_wall = Metric("wall of the command (s), conveyor starting its embedded Prefect server",
                        [o.wall for o in cold[0]], [o.wall for o in cold[1]])
+    placed_wall = Metric(f"wall of the command (s), conveyor with the branches on a threads profile ({PLACED}), "
+                         "shared server", [o.wall for o in placed[0]], [o.wall for o in placed[1]])
     at_once = sorted({o.at_once for o in (*cand, *cold[1])})
     check(at_once == [AT_ONCE], f"conveyor ran {at_once} branches at once, expected {AT_ONCE} "
                                 f"(min(4, os.cpu_count()={CORES}))")
+    placed_at_once = sorted({o.at_once for o in placed[1]})
+    check(placed_at_once == [len(ITEMS)], f"with {PLACED} conveyor ran {placed_at_once} branches at once, "
+                                          f"expected all {len(ITEMS)}")
     bound = len(ITEMS) / math.ceil(len(ITEMS) / AT_ONCE)
     cand_wall = statistics.median(wall.candidate)
     before, flow, after = (statistics.median(o.phases[k] for o in cand if o.phases) for k in range(3))
@@ -286,7 +311,7 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
         name=NAME, description=DESCRIPTION,
         baseline="`dvc repro` in a fresh copy of the project (one stage at a time)",
         candidate="`conveyor run` in another fresh copy of the same project (independent stages at once)",
-        repeats=len(base), metrics=[wall, overhead, cold_wall],
+        repeats=len(base), metrics=[wall, overhead, cold_wall, placed_wall],
         setup={"dvc.yaml": f"prepare -> branch@{{{','.join(ITEMS)}}} (foreach) -> join; each branch runs "
                            f"`sleep {sleep_s:g}` then writes its out from prepare's; prepare and join only write",
                "twins": "one pristine project (git init, dvc init, dvc.yaml, one commit) copied afresh for "
@@ -299,7 +324,11 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                                   "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
                                   f"{len(cold[0])} repetition(s), each with its own dvc repro run",
                "warm-up": "one conveyor run on the shared server, not counted (the first flow run registers "
-                          "the flow)"},
+                          "the flow)",
+               "placed (row 4)": f"`conveyor run -c {PLACED}`: the same dvc.yaml, its branches placed on a threads "
+                                 f"profile of max_workers {len(ITEMS)} (stages that wait need no core each; a stage "
+                                 f"with no profile counts against the {CORES} cores), each repetition with its own "
+                                 "dvc repro run"},
         checks=["every run exited 0",
                 f"after every run `dvc status` printed {UP_TO_DATE!r}",
                 f"every out ({', '.join(OUTS)}) exists and is equal on both sides of each repetition",
@@ -307,7 +336,7 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                 "the .gitignore files DVC writes for outs list the same paths on both sides (conveyor's own "
                 ".conveyor/.gitignore aside)",
                 f"conveyor's run record: every stage succeeded, none restored from the run cache, and "
-                f"{AT_ONCE} branches ran at once (os.cpu_count() = {CORES})",
+                f"{AT_ONCE} branches ran at once (os.cpu_count() = {CORES}); {len(ITEMS)} with {PLACED}",
                 "no process of the embedded Prefect server outlived a cold run"],
         notes=[f"wall minus the sum of the sleeps ({serial_sleep:g} s) on both sides: dvc repro "
                f"{statistics.median(wall.baseline) - serial_sleep:.2f} s, conveyor {cand_wall - serial_sleep:.2f} s "
@@ -323,7 +352,8 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                f"conveyor's branch stages took their sleep plus median {extra[len(extra) // 2]:.2f} s, max "
                f"{extra[-1]:.2f} s (the shell, DVC's hashing and recording, Prefect's task run)",
                f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {_share(wall):.2f} with "
-               f"the shared server, {_share(cold_wall):.2f} with the embedded one"],
+               f"the shared server, {_share(cold_wall):.2f} with the embedded one, {_share(placed_wall):.2f} with "
+               f"the branches placed on a threads profile"],
     )
 
 
