@@ -62,7 +62,7 @@ class SchemaChecked:
 
     DVC checks a dvc.yaml against its schema each time it loads it, and keeps nothing of the
     check (its loader discards the checked copy). The check compiles a schema per stage:
-    1.3 ms of each stage of a no-op run. What passed once passes again, so it runs when the
+    0.5-0.9 ms of each stage of a no-op run. What passed once passes again, so it runs when the
     file (or DVC) changed since it last passed: the file's hash, with DVC's version, is kept
     in ``.conveyor/dvc-schema-checked``.
     """
