@@ -213,30 +213,27 @@ class IngestRun:
     def execute(self, pool: Executor, units: Sequence[Unit]) -> int:
         """Run every unit on the pool; the total number of rows written.
 
-        A whole-file transfer is parsed on a pool of its own (as many threads as cores): the
-        stage's pool thread goes on to the next transfer at once, so transfers keep waiting
-        on the network while the files that arrived are parsed. At most twice the stage
-        pool's size of arrived files wait for their parse (the disk they take is bounded).
+        A whole-file transfer is parsed on a pool of its own (as many threads as cores, started
+        only when a file arrives): the stage's pool thread goes on to the next transfer at once,
+        so transfers keep waiting on the network while the files that arrived are parsed. At
+        most twice the stage pool's size of arrived files wait for their parse (the disk they
+        take is bounded).
         """
-        transfers = [unit for unit in units if isinstance(unit, Transfer)]
-        if not transfers:
-            return sum(run_all(pool, [self._runner(unit) for unit in units], self.cancel, self.meter.unit_done))
         waiting = threading.BoundedSemaphore(2 * getattr(pool, "_max_workers", _DEFAULT_WORKERS))
         try:
-            with ThreadPoolExecutor(max_workers=min(len(transfers), os.cpu_count() or 1),
-                                    thread_name_prefix="ingest-parse") as parsers:
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ingest-parse") as parsers:
                 return sum(run_all(pool, [self._runner(unit, parsers, waiting) for unit in units], self.cancel,
                                    self.meter.unit_done))
         finally:  # transfers that arrived but were never parsed (a failure elsewhere cancelled them)
-            for unit in transfers:
-                self._download_path(unit).unlink(missing_ok=True)
+            for unit in units:
+                if isinstance(unit, Transfer):
+                    self._download_path(unit).unlink(missing_ok=True)
 
-    def _runner(self, unit: Unit, parsers: Executor | None = None,
-                waiting: threading.BoundedSemaphore | None = None) -> Callable[[], int | Future[int]]:
+    def _runner(self, unit: Unit, parsers: Executor,
+                waiting: threading.BoundedSemaphore) -> Callable[[], int | Future[int]]:
         if isinstance(unit, Shard):
             return lambda: self._shard(unit)
         if isinstance(unit, Transfer):
-            assert parsers is not None and waiting is not None
             return lambda: self._transfer(unit, parsers, waiting)
         return lambda: self._block(unit)
 
