@@ -235,7 +235,7 @@ def settle_killed_run(root: Path) -> RunRecord | None:
 def read(root: Path, run_id: str) -> RunRecord | None:
     """The record of run ``run_id``; None when it wrote none (or it cannot be read)."""
     try:
-        return RunRecord.from_dict(json.loads(record_path(root, run_id).read_text(encoding="utf-8")))
+        return _parse(root / STATE_DIR / "runs" / f"{run_id}.json")
     except (OSError, ValueError, TypeError):
         return None
 
@@ -261,4 +261,8 @@ def read_latest(root: Path) -> RunRecord | None:
     path = root / STATE_DIR / "runs" / "latest.json"
     if not path.exists():
         return None
+    return _parse(path)
+
+
+def _parse(path: Path) -> RunRecord:
     return RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
