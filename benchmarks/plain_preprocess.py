@@ -19,13 +19,17 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 STARTED = time.perf_counter()
 
-import pandas as pd  # noqa: E402 - after STARTED: the imports are timed apart from the work
-import pyarrow.parquet  # noqa: E402, F401 - what pd.read_parquet imports on first use
+import numpy as np  # noqa: E402 - after STARTED: the imports are timed apart from the work
+import numpy.typing as npt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet  # noqa: E402 - what pd.read_parquet and the writes use
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tasks/ of this repository, as a script
 
@@ -38,30 +42,45 @@ FORBIDDEN = ("dask", "distributed", "conveyor", "prefect")
 PART = "part-00000.parquet"
 
 
+@dataclass(frozen=True)
+class Split:
+    """One frame split and standardised: its rows (features standardised), each row's split
+    code (index in ``SPLITS``), the train statistics, the rows per (split, class)."""
+
+    rows: pa.Table
+    codes: npt.NDArray[np.int8]
+    stats: prep.ColumnStats
+    class_counts: pd.Series
+
+
+def split_frame(frame: pd.DataFrame, *, label: str, seed: int, fractions: prep.Fractions, source: str) -> Split:
+    """The preprocess stage's steps on one cleaned pandas frame, each once: the split keys, their
+    histogram and the keys at the cut points (the exact stratified split), the train
+    statistics, the standardised rows."""
+    features = [column for column in frame.columns if column != label]
+    keys = prep.split_keys(frame, seed)
+    histogram = prep.key_histogram(frame[label].to_numpy(), keys)
+    inputs.check_classes(list(histogram), label, source)
+    cuts = prep.cut_points(histogram, fractions)
+    limits = prep.thresholds(cuts, prep.boundary(frame, label, keys, cuts, features))
+    codes = prep.split_codes(frame[label], keys, limits)
+    stats = prep.Moments.of(frame.loc[codes == prep.TRAIN, features].to_numpy(np.float64)).stats(features)
+    return Split(rows=prep.standardised_table(frame, features, stats.mean, stats.std), codes=codes, stats=stats,
+                 class_counts=prep.class_counts(codes, frame[label]))
+
+
 def preprocess(raw: Path, out: Path, *, label: str = "target", valid: float = 0.15, test: float = 0.2,
                seed: int = 42) -> dict[str, Any]:
     """The preprocess stage's steps on one pandas frame; the stats.json it wrote."""
     fractions = prep.Fractions(valid=valid, test=test)
     # clean() and inputs.check_columns() read only .columns/.dtypes/.dropna/.astype: pandas has them all
     frame = cast(pd.DataFrame, prep.clean(cast(Any, pd.read_parquet(raw)), label, source=str(raw)))
+    split = split_frame(frame, label=label, seed=seed, fractions=fractions, source=str(raw))
+    for name in prep.SPLITS:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    prep.write_split_parts(split.rows, split.codes, out, PART, label)
     features = [column for column in frame.columns if column != label]
-    keys = prep._split_keys(frame, label, seed)
-    counts = keys.groupby([label, "bin"]).size().sort_index()
-    inputs.check_classes(counts, label, str(raw))
-    cuts = prep._cut_ranks(counts, fractions)
-    boundary = keys[prep._in_bins(keys, label, sorted(prep._bins_of(cuts)))]
-    tagged = prep._tag_split(frame, label, seed, prep._thresholds(cuts, boundary, label))
-    del keys, boundary
-    train = tagged.loc[tagged[prep.SPLIT_COLUMN] == "train", features].astype("float64")  # as the task sums
-    mean = train.mean()
-    stats = prep._finish_stats(mean, ((train - mean) ** 2).sum(), train.count())
-    del train
-    class_counts = tagged.groupby([prep.SPLIT_COLUMN, label]).size()
-    for split in prep.SPLITS:
-        rows = tagged[tagged[prep.SPLIT_COLUMN] == split].drop(columns=[prep.SPLIT_COLUMN])
-        (out / split).mkdir(parents=True, exist_ok=True)
-        prep._standardise_part(rows, features, stats.mean, stats.std).to_parquet(out / split / PART, index=False)
-    summary = prep._summary(label, features, seed, fractions, stats, class_counts)
+    summary = prep._summary(label, features, seed, fractions, split.stats, split.class_counts)
     write_json(out / "stats.json", summary)
     return summary
 

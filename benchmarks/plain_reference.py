@@ -100,31 +100,22 @@ def ingest(params: Mapping[str, Any], out: Path) -> pd.DataFrame:
 
 def preprocess(raw: pd.DataFrame, params: Mapping[str, Any], seed: int, out: Path) -> dict[str, pd.DataFrame]:
     """Clean, split (exact, stratified, seeded), fit stats on train, standardise, write the splits."""
-    from tasks import preprocess as prep  # the project's own pandas helpers (no conveyor, no dask)
+    from benchmarks.plain_preprocess import split_frame  # the project's own pandas helpers (no conveyor, no dask)
+    from tasks import preprocess as prep
 
     label = str(params["label"])
     fractions = prep.Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
     frame = raw.dropna(subset=[label])
     if pd.api.types.is_float_dtype(frame[label].dtype):
         frame = frame.astype({label: "int64"})
-    features = [column for column in frame.columns if column != label]
-    keys = prep._split_keys(frame, label, seed)
-    counts = keys.groupby([label, "bin"]).size().sort_index()
-    cuts = prep._cut_ranks(counts, fractions)
-    boundary = keys[prep._in_bins(keys, label, sorted(prep._bins_of(cuts)))]
-    tagged = prep._tag_split(frame, label, seed, prep._thresholds(cuts, boundary, label))
-    splits = {name: tagged[tagged[prep.SPLIT_COLUMN] == name].drop(columns=[prep.SPLIT_COLUMN]) for name in SPLITS}
-    train = splits["train"][features]
-    mean = train.mean()
-    stats = prep._finish_stats(mean, ((train - mean) ** 2).sum(), train.count())
-    class_counts = tagged.groupby([prep.SPLIT_COLUMN, label]).size()
-    scaled = {}
-    for name, rows in splits.items():
-        scaled[name] = prep._standardise_part(rows, features, stats.mean, stats.std)
+    split = split_frame(frame, label=label, seed=seed, fractions=fractions, source="data/raw")
+    for name in SPLITS:
         (out / name).mkdir(parents=True)
-        scaled[name].to_parquet(out / name / "part-00000.parquet", index=False)
-    write_json(out / "stats.json", prep._summary(label, features, seed, fractions, stats, class_counts))
-    return scaled
+    prep.write_split_parts(split.rows, split.codes, out, "part-00000.parquet", label)
+    features = [column for column in frame.columns if column != label]
+    write_json(out / "stats.json", prep._summary(label, features, seed, fractions, split.stats, split.class_counts))
+    rows = split.rows.to_pandas()
+    return {name: rows[split.codes == code] for code, name in enumerate(prep.SPLITS)}
 
 
 # --- the models -------------------------------------------------------------------------

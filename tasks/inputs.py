@@ -13,16 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from conveyor.errors import DamagedFileError
-from conveyor.parquet import read_dask, read_pandas
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
-    import pandas as pd
 
     from conveyor import StageContext
+    from conveyor.errors import DamagedFileError
 
 _PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")  # the parts dask's read_parquet reads
 _SHOWN_COLUMNS = 20  # columns named in the error for a missing label
@@ -44,6 +41,8 @@ def read_parts(raw: Path, source: str, *, at_once_below: int = 0) -> dd.DataFram
     """
     import dask.dataframe as dd
 
+    from conveyor.parquet import read_dask, read_pandas
+
     parts = _parquet_parts(raw) if at_once_below else []
     if parts and sum(part.stat().st_size for part in parts) < at_once_below:
         import pandas as pd
@@ -60,6 +59,17 @@ def read_parts(raw: Path, source: str, *, at_once_below: int = 0) -> dd.DataFram
     return frame
 
 
+def uncompressed_bytes(raw: Path) -> int:
+    """What the parts under ``raw`` hold uncompressed, from their footers: about their size in memory."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for part in _parquet_parts(raw):
+        footer = pq.read_metadata(part)
+        total += sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+    return total
+
+
 @contextmanager
 def naming_bad_parts(raw: Path, source: str) -> Iterator[None]:
     """Turn pyarrow's error about an unreadable part into one that names the part.
@@ -71,6 +81,8 @@ def naming_bad_parts(raw: Path, source: str) -> Iterator[None]:
     A part whose pages are damaged (footer intact) is named by the reader already.
     """
     import pyarrow as pa
+
+    from conveyor.errors import DamagedFileError
 
     try:
         yield
@@ -101,6 +113,8 @@ def _unreadable_part(raw: Path, source: str) -> ValueError | None:
 def naming_damaged_files(reader: str, dep: Path, source: str, *, writer: str) -> Iterator[None]:
     """A file under the dep ``dep`` (declared as ``source``) whose pages are damaged, as the bad-data
     ValueError: ``<reader>: <the file> is damaged: <what>: <rerun its writer>``."""
+    from conveyor.errors import DamagedFileError
+
     try:
         yield
     except DamagedFileError as error:
@@ -170,13 +184,12 @@ def check_columns(frame: dd.DataFrame, label: str, source: str) -> None:
             )
 
 
-def check_classes(counts: pd.Series, label: str, source: str) -> None:
-    """At least two classes among the labelled rows, from the split's per-(class, bin) counts.
+def check_classes(classes: list[Any], label: str, source: str) -> None:
+    """At least two classes among the labelled rows (the classes the split's histogram counted).
 
     One class would give a model that cannot be trained (or one that is always right);
     no labelled row would give empty splits. Both would otherwise fail late, or not at all.
     """
-    classes = list(counts.index.unique(level=0)) if len(counts) else []
     if len(classes) == 0:
         raise ValueError(
             f"preprocess: no row of {source} has a label '{label}' (the column is empty or all missing): "

@@ -1,37 +1,60 @@
-"""Preprocess: clean, split, impute and standardise the raw parts with dask.dataframe.
+"""Preprocess: clean, split, impute and standardise the raw parts, on Dask or in process.
 
-Everything stays a dask collection; only small aggregates (histograms of a split key,
-column sums, counts) come back to this process. Statistics are fitted on the train
-split only, so nothing of valid/test leaks into the models.
+Three passes over the raw parts, each one task per part that returns a small result, so
+nothing is held between passes and the data may be larger than the cluster's memory:
+
+1. the split keys' histogram per class (summed on the workers, a tree of partial sums);
+2. the keys in the bins that hold a cut point, and the train statistics of the rows past
+   them: from both, the exact per-class cut points and the train statistics;
+3. each part split, standardised and written as three parquet parts, one per split.
+
+Statistics are fitted on the train split only, so nothing of valid/test leaks into the models.
+The helpers that work on one part (:func:`split_keys`, :func:`key_histogram`,
+:func:`boundary`, :func:`split_codes`, :func:`write_split_parts`) are plain pandas and numpy:
+the same steps on one pandas frame are the single-process version.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tasks import inputs
 from tasks.files import write_json
 
 if TYPE_CHECKING:
+    import logging
+
     import dask.dataframe as dd
     import numpy as np
     import numpy.typing as npt
     import pandas as pd
+    import pyarrow as pa
+    from dask.delayed import Delayed
+    from distributed import Client
 
     from conveyor import StageContext
 
-SPLITS = ("train", "valid", "test")
+SPLITS = ("train", "valid", "test")  # also the split codes: 0 train, 1 valid, 2 test
+TRAIN, VALID, TEST = range(3)
 SPLIT_COLUMN = "split"
 DDOF = 1  # sample standard deviation, as pandas' default
 SCALED_LIMIT = 1e6  # standard deviations a scaled value is clipped to; the train split lies within a few dozen
 AT_ONCE_BELOW = 128 * 2**20  # parquet bytes a stage without a cluster reads at once, as one partition
-_BINS = 1 << 16  # histogram resolution of the split key when locating per-class cut points
+HOLD_SHARE = 0.25  # a cluster holds the cleaned rows in memory when they take at most this share of its memory
+_BINS = 1 << 12  # histogram resolution of the split key when locating per-class cut points
+_FAN_IN = 8  # partial results combined per task when summing them on the workers
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
+
+T = TypeVar("T")
+Cuts = dict[Any, tuple[tuple[int, int], tuple[int, int]]]  # per class: (bin, rank in bin) of test|valid, valid|train
+Thresholds = dict[Any, tuple[float, float]]  # per class: keys below which a row is test, and test or valid
 
 
 @dataclass(frozen=True)
@@ -58,10 +81,79 @@ class ColumnStats:
     count: pd.Series
 
 
+@dataclass(frozen=True)
+class Moments:
+    """Per column: non-missing count, mean and sum of squared deviations (float64).
+
+    Two sets add as Chan et al.'s parallel update, which keeps the precision of a two-pass
+    computation whatever the partitioning (a sum of squares would not: it cancels when the
+    mean is large against the spread).
+    """
+
+    count: npt.NDArray[np.float64]
+    mean: npt.NDArray[np.float64]
+    m2: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, values: npt.NDArray[Any]) -> Moments:
+        """The moments of the columns of a 2-d numeric array, in float64, NaNs skipped."""
+        import numpy as np
+
+        values = np.array(values, dtype=np.float64, order="K")  # one copy, worked on in place
+        missing = np.isnan(values)
+        count = (len(values) - missing.sum(axis=0)).astype(np.float64)
+        skip = bool(missing.any())
+        if skip:
+            values[missing] = 0.0
+        mean = np.divide(values.sum(axis=0), count, out=np.zeros(values.shape[1]), where=count > 0)
+        values -= mean
+        if skip:
+            values[missing] = 0.0
+        return cls(count=count, mean=mean, m2=np.einsum("ij,ij->j", values, values))
+
+    def __add__(self, other: Moments) -> Moments:
+        import numpy as np
+
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        share = np.divide(other.count, count, out=np.zeros_like(count), where=count > 0)
+        return Moments(count=count, mean=self.mean + delta * share,
+                       m2=self.m2 + other.m2 + delta**2 * self.count * share)
+
+    def stats(self, columns: Sequence[str]) -> ColumnStats:
+        """Mean and std (``DDOF``); an all-missing or constant column has mean 0 and std 1."""
+        import numpy as np
+        import pandas as pd
+
+        with np.errstate(divide="ignore", invalid="ignore"):
+            std = np.sqrt(self.m2 / (self.count - DDOF))
+        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+        return ColumnStats(mean=pd.Series(np.where(self.count > 0, self.mean, 0.0), index=list(columns)),
+                           std=pd.Series(std, index=list(columns)),
+                           count=pd.Series(self.count.astype(np.int64), index=list(columns)))
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the second pass finds: the rows in a bin holding a cut point (their labels, keys,
+    bins and features) and the moments of the rows past their class's valid|train bin."""
+
+    labels: npt.NDArray[Any]
+    keys: npt.NDArray[np.float64]
+    bins: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    past: Moments
+
+    def __add__(self, other: Boundary) -> Boundary:
+        import numpy as np
+
+        return Boundary(labels=np.concatenate([self.labels, other.labels]),
+                        keys=np.concatenate([self.keys, other.keys]), bins=np.concatenate([self.bins, other.bins]),
+                        values=np.concatenate([self.values, other.values]), past=self.past + other.past)
+
+
 def prepare(ctx: StageContext) -> None:
     """Read the raw parts, split them, fit stats on train, write ``<out>/{split}/`` and ``<out>/stats.json``."""
-    from dask.base import compute
-
     params: Mapping[str, Any] = ctx.section("preprocess")
     label, seed = str(params["label"]), int(ctx.params["seed"])
     fractions = Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
@@ -75,29 +167,39 @@ def prepare(ctx: StageContext) -> None:
         if scheduler is not None:
             ctx.log.info("%s read at once: one partition, computed in this process", source)
         frame = clean(raw_frame, label, source=source)
+        if ctx.client is not None:
+            frame = _held_if_it_fits(ctx.client, frame, raw, source, ctx.log)
         features = [column for column in frame.columns if column != label]
-        tagged = split_rows(frame, label=label, seed=seed, fractions=fractions, source=source, scheduler=scheduler)
+        parts = frame.to_delayed()
+        cuts = locate_cuts(parts, label=label, seed=seed, fractions=fractions, source=source, scheduler=scheduler)
         ctx.progress.advance(1)
-        stats, class_counts = compute(
-            _column_stats_graph(_select(tagged, "train")[features]),
-            tagged.groupby([SPLIT_COLUMN, label]).size(split_out=1),
-            scheduler=scheduler,
-        )
-        column_stats = _finish_stats(*stats)
+        limits, stats = fit(parts, cuts, label=label, seed=seed, features=features, scheduler=scheduler)
         ctx.progress.advance(1)
         out = ctx.out()
-        writes = [
-            standardise(_select(tagged, split), features, column_stats).to_parquet(
-                str(out / split), write_index=False, compute=False, name_function=_part_name,
-                write_page_checksum=True,  # a damaged page is an error when read, not wrong values
-            )
-            for split in SPLITS
-        ]
-        compute(*writes, scheduler=scheduler)
-    summary = _summary(label, features, seed, fractions, column_stats, class_counts)
+        class_counts = write_splits(parts, out, limits, stats, label=label, seed=seed, scheduler=scheduler)
+    summary = _summary(label, features, seed, fractions, stats, class_counts)
     write_json(out / "stats.json", summary)
     ctx.progress.advance(1)
     ctx.log.info("split rows: %s", summary["rows"])
+
+
+def _held_if_it_fits(client: Client, frame: dd.DataFrame, raw: Path, source: str, log: logging.Logger) -> dd.DataFrame:
+    """The cleaned rows held in the workers' memory when they take at most ``HOLD_SHARE`` of it
+    (their uncompressed size, from the parts' footers): the three passes then read the parts
+    once, not once each. Larger data is read once per pass and never held."""
+    from dask.utils import format_bytes
+
+    size = inputs.uncompressed_bytes(raw)
+    limits = [int(worker.get("memory_limit") or 0) for worker in client.scheduler_info()["workers"].values()]
+    budget = HOLD_SHARE * sum(limits) if limits and min(limits) > 0 else 0.0
+    if size > budget:
+        log.info("%s (%s uncompressed) read once per pass: more than %d%% of the workers' memory (%s)",
+                 source, format_bytes(size), round(HOLD_SHARE * 100), format_bytes(sum(limits)))
+        return frame
+    log.info("%s (%s uncompressed) held in the workers' memory (%s): read once, not once per pass",
+             source, format_bytes(size), format_bytes(sum(limits)))
+    held: dd.DataFrame = client.persist(frame)
+    return held
 
 
 def clean(frame: dd.DataFrame, label: str, *, source: str = "the data") -> dd.DataFrame:
@@ -117,75 +219,76 @@ def clean(frame: dd.DataFrame, label: str, *, source: str = "the data") -> dd.Da
     return frame
 
 
-def split_rows(
-    frame: dd.DataFrame, *, label: str, seed: int, fractions: Fractions, source: str = "the data",
-    scheduler: str | None = None,
-) -> dd.DataFrame:
-    """``frame`` with a ``split`` column: exactly stratified, seeded, partition-independent.
+def locate_cuts(parts: Sequence[Delayed], *, label: str, seed: int, fractions: Fractions, source: str = "the data",
+                scheduler: str | None = None) -> Cuts:
+    """Pass 1: per class, the bins and ranks within them of the two cut points.
 
-    Each row gets a uniform key from a hash of its values and the seed; within each class
-    the rows with the smallest keys go to test, the next ones to valid, the rest to train,
-    so every class contributes ``round(n_class * fraction)`` rows to each split (exact
-    stratification, not Spark ``sampleBy``'s per-row coin flips; rows with identical
-    values share a key and so a split). The per-class cut points come from a histogram
-    of the keys plus the few keys in the bins that hold a cut point: two small aggregates.
+    Each row gets a uniform key from a hash of its values and the seed (:func:`split_keys`);
+    within each class the rows with the smallest keys go to test, the next ones to valid, the
+    rest to train, so every class contributes ``round(n_class * fraction)`` rows to each split
+    (exact stratification, not Spark ``sampleBy``'s per-row coin flips; rows with identical
+    values share a key and so a split), whatever the partitioning and the order of the rows.
     The histogram also counts the classes: fewer than two is an error naming ``source``.
-    ``scheduler``: dask's for those two (None: the current client's, else dask's default).
+    ``scheduler``: dask's (None: the current client's, else dask's default).
     """
-    keys = frame.map_partitions(_split_keys, label, seed)
-    # split_out=1: a tree reduction to one small result, not a shuffle
-    counts = keys.groupby([label, "bin"]).size(split_out=1).compute(scheduler=scheduler).sort_index()
-    inputs.check_classes(counts, label, source)
-    cuts = _cut_ranks(counts, fractions)
-    boundary = keys[keys.map_partitions(_in_bins, label, sorted(_bins_of(cuts)))].compute(scheduler=scheduler)
-    thresholds = _thresholds(cuts, boundary, label)
-    tagged: dd.DataFrame = frame.map_partitions(_tag_split, label, seed, thresholds)
+    from dask.delayed import delayed
+
+    histogram = _summed([delayed(_histogram_part)(part, label, seed) for part in parts], _add_histograms, scheduler)
+    inputs.check_classes(list(histogram), label, source)
+    return cut_points(histogram, fractions)
+
+
+def fit(parts: Sequence[Delayed], cuts: Cuts, *, label: str, seed: int, features: list[str],
+        scheduler: str | None = None) -> tuple[Thresholds, ColumnStats]:
+    """Pass 2: the exact per-class thresholds, and the statistics of the train split.
+
+    The train rows are those past a class's valid|train bin (their moments, summed) and
+    those in that bin from the threshold on (a few rows, read back whole).
+    """
+    from dask.delayed import delayed
+
+    found = _summed([delayed(_boundary_part)(part, label, seed, cuts, features) for part in parts],
+                    _add_boundaries, scheduler)
+    limits = thresholds(cuts, found)
+    return limits, train_stats(found, cuts, limits, features)
+
+
+def write_splits(parts: Sequence[Delayed], out: Path, limits: Thresholds, stats: ColumnStats, *, label: str,
+                 seed: int, scheduler: str | None = None) -> pd.Series:
+    """Pass 3: each part split, standardised and written as ``out/{split}/part-NNNNN.parquet``
+    (:func:`part_name`, in partition order); the rows written per (split, class)."""
+    from dask.delayed import delayed
+
+    for split in SPLITS:
+        (out / split).mkdir(parents=True, exist_ok=True)
+    features = list(stats.mean.index)
+    return _summed([delayed(_write_part)(part, index, str(out), label, seed, limits, features, stats.mean, stats.std)
+                    for index, part in enumerate(parts)], _add_counts, scheduler)
+
+
+def split_rows(frame: dd.DataFrame, *, label: str, seed: int, fractions: Fractions, source: str = "the data",
+               scheduler: str | None = None) -> dd.DataFrame:
+    """``frame`` with a ``split`` column (``train``, ``valid``, ``test``): passes 1 and 2, lazily tagged."""
+    parts = frame.to_delayed()
+    cuts = locate_cuts(parts, label=label, seed=seed, fractions=fractions, source=source, scheduler=scheduler)
+    features = [column for column in frame.columns if column != label]
+    limits, _ = fit(parts, cuts, label=label, seed=seed, features=features, scheduler=scheduler)
+    tagged: dd.DataFrame = frame.map_partitions(_tag_split, label, seed, limits)
     return tagged
-
-
-def standardise(frame: dd.DataFrame, features: list[str], stats: ColumnStats) -> dd.DataFrame:
-    """Impute missing features with the train mean, then centre and scale by train std."""
-    scaled: dd.DataFrame = frame.map_partitions(_standardise_part, features, stats.mean, stats.std)
-    return scaled
 
 
 def column_stats(frame: dd.DataFrame) -> ColumnStats:
     """Mean, std (``DDOF``) and non-missing count of every column, across partitions."""
-    from dask.base import compute
+    from dask.delayed import delayed
 
-    return _finish_stats(*compute(*_column_stats_graph(frame)))
-
-
-def _column_stats_graph(frame: dd.DataFrame) -> tuple[dd.Series, dd.Series, dd.Series]:
-    """Lazy mean, sum of squared deviations and count: two passes, numerically stable.
-
-    Summed in float64: float32 sums round at 1e-7, so the statistics (and every standardised
-    value) would depend on how the rows happen to be partitioned, in process or on a cluster.
-    """
-    frame = frame.astype("float64")
-    mean = frame.mean()
-    return mean, ((frame - mean) ** 2).sum(), frame.count()
+    moments = _summed([delayed(_moments_part)(part) for part in frame.to_delayed()], _add_moments, None)
+    return moments.stats([str(column) for column in frame.columns])
 
 
-def _finish_stats(mean: pd.Series, squares: pd.Series, count: pd.Series) -> ColumnStats:
-    """Std from the squared deviations; an all-missing or constant column scales by 1."""
-    std = (squares / (count - DDOF)) ** 0.5
-    std = std.where(std > 0, 1.0).fillna(1.0)
-    return ColumnStats(mean=mean.fillna(0.0), std=std, count=count)
+# --- one part: plain pandas and numpy ---------------------------------------------------
 
 
-def _part_name(index: int) -> str:
-    """Zero-padded part names, so that lexicographic order (pyarrow's) is partition order."""
-    return f"part-{index:05d}.parquet"
-
-
-def _select(tagged: dd.DataFrame, split: str) -> dd.DataFrame:
-    """The rows of one split, without the split column."""
-    rows: dd.DataFrame = tagged[tagged[SPLIT_COLUMN] == split].drop(columns=[SPLIT_COLUMN])
-    return rows
-
-
-def _uniform_keys(part: pd.DataFrame, seed: int) -> npt.NDArray[np.float64]:
+def split_keys(part: pd.DataFrame, seed: int) -> npt.NDArray[np.float64]:
     """A uniform [0, 1) key per row from its values and the seed (splitmix64 finaliser)."""
     import numpy as np
     import pandas as pd
@@ -198,18 +301,23 @@ def _uniform_keys(part: pd.DataFrame, seed: int) -> npt.NDArray[np.float64]:
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _split_keys(part: pd.DataFrame, label: str, seed: int) -> pd.DataFrame:
-    """Per row: its label, its key ``u`` and the histogram bin of the key."""
-    import pandas as pd
+def key_bins(keys: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """The histogram bin of each key."""
+    import numpy as np
 
-    u = _uniform_keys(part, seed)
-    return pd.DataFrame(
-        {label: part[label].to_numpy(), "u": u, "bin": (u * _BINS).astype("int64")},
-        index=part.index,
-    )
+    return (keys * _BINS).astype(np.int64)
 
 
-def _cut_ranks(counts: pd.Series, fractions: Fractions) -> dict[Any, list[tuple[int, int]]]:
+def key_histogram(labels: npt.NDArray[Any], keys: npt.NDArray[np.float64]) -> dict[Any, npt.NDArray[np.int64]]:
+    """Per class, the number of keys in each of the ``_BINS`` bins."""
+    import numpy as np
+
+    classes, index = np.unique(labels, return_inverse=True)
+    counts = np.bincount(index.ravel() * _BINS + key_bins(keys), minlength=len(classes) * _BINS)
+    return dict(zip(classes.tolist(), counts.reshape(len(classes), _BINS), strict=True))
+
+
+def cut_points(histogram: Mapping[Any, npt.NDArray[np.int64]], fractions: Fractions) -> Cuts:
     """Per class, the two cut points (test|valid, valid|train) as (bin, rank within the bin).
 
     A class of ``n`` rows puts its ``round(n * test)`` smallest keys in test and the next
@@ -217,63 +325,76 @@ def _cut_ranks(counts: pd.Series, fractions: Fractions) -> dict[Any, list[tuple[
     """
     import numpy as np
 
-    cuts: dict[Any, list[tuple[int, int]]] = {}
-    for cls, per_bin in counts.groupby(level=0):
-        bins = per_bin.index.get_level_values(1).to_numpy()
-        cum = np.cumsum(per_bin.to_numpy())
+    cuts: Cuts = {}
+    for cls, per_bin in histogram.items():
+        cum = np.cumsum(per_bin)
         n = int(cum[-1])
-        ranks = (round(n * fractions.test), round(n * (fractions.test + fractions.valid)))
-        cuts[cls] = []
-        for rank in ranks:
+        points = []
+        for rank in (round(n * fractions.test), round(n * (fractions.test + fractions.valid))):
             at = int(np.searchsorted(cum, rank, side="right"))
             before = int(cum[at - 1]) if at > 0 else 0
-            cuts[cls].append((int(bins[at]) if at < len(bins) else -1, rank - before))
+            points.append((at if at < len(cum) else -1, rank - before))
+        cuts[cls] = (points[0], points[1])
     return cuts
 
 
-def _bins_of(cuts: dict[Any, list[tuple[int, int]]]) -> set[tuple[Any, int]]:
-    """The (class, bin) pairs whose keys are needed to place the cut points exactly."""
-    return {(cls, b) for cls, points in cuts.items() for b, _ in points if b >= 0}
+def boundary(part: pd.DataFrame, label: str, keys: npt.NDArray[np.float64], cuts: Cuts,
+             features: list[str]) -> Boundary:
+    """The rows of ``part`` in a bin holding one of their class's cut points, and the moments
+    of its rows in bins past their class's valid|train cut (train, whatever the thresholds)."""
+    import numpy as np
+
+    bins = key_bins(keys)
+    labels = part[label]
+    test_bin = labels.map({cls: test[0] for cls, (test, _) in cuts.items()}).to_numpy(np.int64)
+    train_bin = labels.map({cls: _past_end(valid[0]) for cls, (_, valid) in cuts.items()}).to_numpy(np.int64)
+    at_cut = (bins == test_bin) | (bins == train_bin)
+    values = part[features].to_numpy()  # in the columns' dtype: rows are picked before any float64 copy
+    return Boundary(labels=labels.to_numpy()[at_cut], keys=keys[at_cut], bins=bins[at_cut],
+                    values=values[at_cut].astype(np.float64), past=Moments.of(values[bins > train_bin]))
 
 
-def _in_bins(part: pd.DataFrame, label: str, pairs: list[tuple[Any, int]]) -> pd.Series:
-    """Whether each row's (label, bin) is one of ``pairs``."""
-    import pandas as pd
-
-    index = pd.MultiIndex.from_arrays([part[label], part["bin"]])
-    return pd.Series(index.isin(pairs), index=part.index)
-
-
-def _thresholds(
-    cuts: dict[Any, list[tuple[int, int]]], boundary: pd.DataFrame, label: str
-) -> dict[Any, tuple[float, float]]:
+def thresholds(cuts: Cuts, found: Boundary) -> Thresholds:
     """Per class, the keys below which a row goes to test, and to test or valid."""
-    result: dict[Any, tuple[float, float]] = {}
+    import numpy as np
+
+    result: Thresholds = {}
     for cls, points in cuts.items():
-        keys = boundary[boundary[label] == cls]
+        of_class = found.labels == cls
         edges = []
         for b, rank_in_bin in points:
-            in_bin = keys.loc[keys["bin"] == b, "u"].sort_values().to_numpy()
+            in_bin = np.sort(found.keys[of_class & (found.bins == b)])
             edges.append(float(in_bin[rank_in_bin]) if b >= 0 else float("inf"))
         result[cls] = (edges[0], edges[1])
     return result
 
 
-def _tag_split(part: pd.DataFrame, label: str, seed: int, thresholds: dict[Any, tuple[float, float]]) -> pd.DataFrame:
-    """Add the ``split`` column to one partition from the per-class thresholds."""
+def train_stats(found: Boundary, cuts: Cuts, limits: Thresholds, features: list[str]) -> ColumnStats:
+    """The train split's statistics: the rows past each class's valid|train bin, plus those
+    in that bin at or above the class's threshold."""
     import numpy as np
 
-    u = _uniform_keys(part, seed)
-    test_edge = part[label].map({cls: t[0] for cls, t in thresholds.items()}).to_numpy(float)
-    valid_edge = part[label].map({cls: t[1] for cls, t in thresholds.items()}).to_numpy(float)
-    names = np.where(u < test_edge, "test", np.where(u < valid_edge, "valid", "train"))
-    return part.assign(**{SPLIT_COLUMN: names})
+    train_bin = np.array([_past_end(cuts[cls][1][0]) for cls in found.labels.tolist()], dtype=np.int64)
+    threshold = np.array([limits[cls][1] for cls in found.labels.tolist()], dtype=np.float64)
+    in_train = (found.bins == train_bin) & (found.keys >= threshold)
+    return (found.past + Moments.of(found.values[in_train])).stats(features)
 
 
-def _standardise_part(part: pd.DataFrame, features: list[str], mean: pd.Series, std: pd.Series) -> pd.DataFrame:
-    """Impute and scale the feature columns of one partition."""
-    scaled = standardise_rows(part, features, mean, std)
-    return part.assign(**{column: scaled[column] for column in features})
+def _past_end(b: int) -> int:
+    """A cut's bin, with "past the end" (-1) as the bin after the last: no row's bin is past it."""
+    return b if b >= 0 else _BINS
+
+
+def split_codes(labels: pd.Series, keys: npt.NDArray[np.float64], limits: Thresholds) -> npt.NDArray[np.int8]:
+    """Each row's split as its index in ``SPLITS`` (0 train, 1 valid, 2 test)."""
+    import numpy as np
+
+    test_edge = labels.map({cls: t[0] for cls, t in limits.items()}).to_numpy(np.float64)
+    valid_edge = labels.map({cls: t[1] for cls, t in limits.items()}).to_numpy(np.float64)
+    codes = np.full(len(keys), TRAIN, dtype=np.int8)
+    codes[keys < valid_edge] = VALID
+    codes[keys < test_edge] = TEST
+    return codes
 
 
 def standardise_rows(rows: pd.DataFrame, features: list[str], mean: pd.Series, std: pd.Series) -> pd.DataFrame:
@@ -281,8 +402,134 @@ def standardise_rows(rows: pd.DataFrame, features: list[str], mean: pd.Series, s
     scaled by the train std: what the models were trained on (predict applies it to raw rows).
     Values beyond :data:`SCALED_LIMIT` standard deviations are clipped to it: float32 models
     (xgboost, torch) would otherwise see infinities where an absurd raw value overflows."""
-    scaled = (rows[features].fillna(mean[features]) - mean[features]) / std[features]
-    return scaled.clip(-SCALED_LIMIT, SCALED_LIMIT)
+    import pandas as pd
+
+    return pd.DataFrame(_standardised_values(rows, features, mean, std), columns=features, index=rows.index)
+
+
+def standardised_table(part: pd.DataFrame, features: list[str], mean: pd.Series, std: pd.Series) -> pa.Table:
+    """``part`` as an Arrow table, its columns in order, the features standardised (:func:`standardise_rows`)."""
+    import pyarrow as pa
+
+    values = _standardised_values(part, features, mean, std)
+    at = {column: j for j, column in enumerate(features)}
+    return pa.Table.from_arrays(
+        [pa.array(values[:, at[column]]) if column in at else pa.Array.from_pandas(part[column])
+         for column in part.columns],
+        names=[str(column) for column in part.columns])
+
+
+def _standardised_values(rows: pd.DataFrame, features: list[str], mean: pd.Series,
+                         std: pd.Series) -> npt.NDArray[np.float64]:
+    """The standardised features as one float64 array, a column's values contiguous where
+    pandas holds them so (an Arrow column of it is then no copy)."""
+    import numpy as np
+
+    centre, scale = mean[features].to_numpy(np.float64), std[features].to_numpy(np.float64)
+    values = rows[features].to_numpy(np.float64, copy=True)
+    np.copyto(values, np.broadcast_to(centre, values.shape), where=np.isnan(values))
+    values -= centre
+    values /= scale
+    np.clip(values, -SCALED_LIMIT, SCALED_LIMIT, out=values)
+    return values
+
+
+def write_split_parts(table: pa.Table, codes: npt.NDArray[np.int8], out: Path, name: str, label: str) -> None:
+    """The rows of ``table`` as ``out/{split}/name``, one parquet file per split (empty ones too).
+
+    Page checksums, so that a damaged page is an error when read, not wrong values; a
+    dictionary for the label only (standardised floats are all distinct: a dictionary would
+    be built and thrown away, the slowest part of writing them).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for code, split in enumerate(SPLITS):
+        pq.write_table(table.filter(pa.array(codes == code)), out / split / name, use_dictionary=[label],
+                       write_page_checksum=True)
+
+
+def class_counts(codes: npt.NDArray[np.int8], labels: pd.Series) -> pd.Series:
+    """Rows per (split name, class)."""
+    import numpy as np
+    import pandas as pd
+
+    classes, index = np.unique(labels.to_numpy(), return_inverse=True)
+    counts = np.bincount(codes.astype(np.int64) * len(classes) + index.ravel(), minlength=len(SPLITS) * len(classes))
+    return pd.Series(counts, index=pd.MultiIndex.from_product([list(SPLITS), classes.tolist()]))
+
+
+def part_name(index: int) -> str:
+    """Zero-padded part names, so that lexicographic order (pyarrow's) is partition order."""
+    return f"part-{index:05d}.parquet"
+
+
+# --- the tasks of the three passes, and how their results add up ----------------------------
+
+
+def _histogram_part(part: pd.DataFrame, label: str, seed: int) -> dict[Any, npt.NDArray[np.int64]]:
+    return key_histogram(part[label].to_numpy(), split_keys(part, seed))
+
+
+def _boundary_part(part: pd.DataFrame, label: str, seed: int, cuts: Cuts, features: list[str]) -> Boundary:
+    return boundary(part, label, split_keys(part, seed), cuts, features)
+
+
+def _moments_part(part: pd.DataFrame) -> Moments:
+    import numpy as np
+
+    return Moments.of(part.to_numpy(np.float64))
+
+
+def _write_part(part: pd.DataFrame, index: int, out: str, label: str, seed: int, limits: Thresholds,
+               features: list[str], mean: pd.Series, std: pd.Series) -> pd.Series:
+    """Pass 3 on one part: split, standardise, write; the rows written per (split, class)."""
+    codes = split_codes(part[label], split_keys(part, seed), limits)
+    write_split_parts(standardised_table(part, features, mean, std), codes, Path(out), part_name(index), label)
+    return class_counts(codes, part[label])
+
+
+def _add_histograms(*many: dict[Any, npt.NDArray[np.int64]]) -> dict[Any, npt.NDArray[np.int64]]:
+    total: dict[Any, npt.NDArray[np.int64]] = {}
+    for histogram in many:
+        for cls, counts in histogram.items():
+            total[cls] = total[cls] + counts if cls in total else counts
+    return total
+
+
+def _add_boundaries(*many: Boundary) -> Boundary:
+    return functools.reduce(operator.add, many)
+
+
+def _add_moments(*many: Moments) -> Moments:
+    return functools.reduce(operator.add, many)
+
+
+def _add_counts(*many: pd.Series) -> pd.Series:
+    import pandas as pd
+
+    total: pd.Series = pd.concat(many).groupby(level=[0, 1]).sum()
+    return total
+
+
+def _summed(results: Sequence[Delayed], add: Callable[..., T], scheduler: str | None) -> T:
+    """The per-part ``results`` added up on the workers, ``_FAN_IN`` at a time; one compute."""
+    from dask.base import compute
+    from dask.delayed import delayed
+
+    level = list(results)
+    while len(level) > 1:
+        level = [delayed(add)(*level[i:i + _FAN_IN]) for i in range(0, len(level), _FAN_IN)]
+    (total,) = compute(level[0], scheduler=scheduler)
+    return total  # type: ignore[no-any-return]
+
+
+def _tag_split(part: pd.DataFrame, label: str, seed: int, limits: Thresholds) -> pd.DataFrame:
+    """``part`` with the ``split`` column, from the per-class thresholds."""
+    import numpy as np
+
+    codes = split_codes(part[label], split_keys(part, seed), limits)
+    return part.assign(**{SPLIT_COLUMN: np.asarray(SPLITS, dtype=object)[codes]})
 
 
 def _summary(

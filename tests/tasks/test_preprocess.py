@@ -95,6 +95,31 @@ def test_prepare_fits_train_stats_like_pandas_and_writes_standardised_splits(
     assert sizes == stats["rows"] and sum(sizes.values()) == len(raw) - 4  # the 4 unlabelled rows
 
 
+def test_prepare_writes_the_same_rows_whether_the_cluster_holds_them_or_reads_them_per_pass(
+    bench: StageBench, raw: pd.DataFrame, client: Client, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dd.from_pandas(raw, npartitions=1).repartition(divisions=UNEQUAL).to_parquet(
+        bench.root / "data/raw", write_index=False
+    )
+    written: dict[str, dict[str, pd.DataFrame]] = {}
+    for way, share in (("held", preprocess.HOLD_SHARE), ("streamed", 0.0)):
+        monkeypatch.setattr(preprocess, "HOLD_SHARE", share)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            bench.run(preprocess.prepare, params=["preprocess", "seed"], deps=["data/raw"], outs=["data/processed"],
+                      client=client)
+        said = "held in the workers' memory" if way == "held" else "read once per pass"
+        assert any(said in record.getMessage() for record in caplog.records), way
+        written[way] = {split: pd.read_parquet(bench.root / "data/processed" / split) for split in preprocess.SPLITS}
+        # one part per raw partition and split, in partition order, whichever way the rows came
+        assert sorted(p.name for p in (bench.root / "data/processed/train").iterdir()) == [
+            preprocess.part_name(i) for i in range(len(UNEQUAL) - 1)]
+
+    for split in preprocess.SPLITS:
+        pd.testing.assert_frame_equal(written["held"][split], written["streamed"][split])
+
+
 def test_split_is_exactly_stratified_disjoint_and_complete(raw: pd.DataFrame) -> None:
     rows = cleaned(raw)
     split = split_of(rows)
