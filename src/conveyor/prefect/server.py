@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from conveyor.errors import PrefectServerError
+from conveyor.run.nanny_env import user_environ
 
 STARTUP_TIMEOUT_S = 120.0
 # The URL of the temporary server while a run uses it (it has no UI and ends with the run).
@@ -76,7 +77,7 @@ class TemporaryServer:
     def start(self) -> None:
         """Launch it; returns at once (:meth:`wait` waits until it answers)."""
         self.port = _free_port()
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+        env = {**user_environ(), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
+from conveyor.run.nanny_env import user_environ
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -124,7 +125,7 @@ def run_here(command: Command, sink: Sink, *, token: str | None = None) -> Finis
 def _start(command: Command) -> subprocess.Popen[bytes]:
     import json
 
-    env = {**os.environ, **command.env}
+    env = {**user_environ(), **command.env}  # not os.environ: a Dask nanny in this process writes into it
     if command.own_gpu and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"].split(",")[0]  # dask-cuda lists its own first
     return subprocess.Popen(

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ProfileError, UsageError
+from conveyor.run.nanny_env import undo_nanny_environ
 from conveyor.run.record import IN_PROCESS
 from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile, size_in_bytes
 
@@ -160,8 +161,9 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
         options["memory_limit"] = profile.memory_limit
     if profile.local_directory is not None:
         options["local_directory"] = profile.local_directory
-    cluster = stack.enter_context(LocalCluster(**options))
-    client = _client(cluster, stack)
+    with undo_nanny_environ():  # its nannies, here, set OMP_NUM_THREADS=1 &c. on os.environ: not ours to keep
+        cluster = stack.enter_context(LocalCluster(**options))
+        client = _client(cluster, stack)
     return Resources(profile=name, client=client, n_workers=_n_workers(client), memory_limit=profile.memory_limit)
 
 
@@ -176,8 +178,9 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
         options["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, profile.devices))
     if profile.memory_limit is not None:
         options["memory_limit"] = profile.memory_limit
-    cluster = stack.enter_context(LocalCUDACluster(**{k: v for k, v in options.items() if v is not None}))
-    client = _client(cluster, stack)
+    with undo_nanny_environ():  # as for a LocalCluster: its nannies run here
+        cluster = stack.enter_context(LocalCUDACluster(**{k: v for k, v in options.items() if v is not None}))
+        client = _client(cluster, stack)
     devices = profile.devices if profile.devices is not None else visible_gpus()
     return Resources(profile=name, client=client, n_workers=_n_workers(client), devices=tuple(devices),
                      memory_limit=profile.memory_limit)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
+from conveyor.run.nanny_env import undo_nanny_environ
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -54,7 +55,8 @@ def restart(resources: Resources, log: logging.Logger, when: str, others: list[s
                     when, resources.profile, ", ".join(others))
         return
     try:
-        resources.client.restart(timeout=120)
+        with undo_nanny_environ():  # the nannies set their variables on this process again as they respawn
+            resources.client.restart(timeout=120)
         log.warning("%s: restarted the workers of profile '%s' (what the stage left there is stopped)",
                     when, resources.profile)
     except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to report
