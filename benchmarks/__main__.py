@@ -14,6 +14,7 @@ from benchmarks import (
     dvc_repro,
     harness,
     ingest_concurrency,
+    memory_cap,
     noop,
     parallel_branches,
     predict_batch,
@@ -22,13 +23,14 @@ from benchmarks import (
     reference,
     serve_latency,
     sweep,
+    torch_ddp,
     xgboost_dask,
 )
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
-                                                          xgboost_dask)}
+                                                          xgboost_dask, torch_ddp, memory_cap)}
 
 
 def _log(line: str) -> None:
