@@ -64,8 +64,9 @@ if TYPE_CHECKING:
 NAME = "preprocess-pandas"
 DESCRIPTION = "preprocess (dask.dataframe) in process and on 2 workers vs the same steps in one pandas process"
 PLAIN = Path(__file__).resolve().parent / "plain_preprocess.py"
-PANDAS, IN_PROCESS, CLUSTER = "pandas", "in-process", "cluster"
-SIDES = (PANDAS, IN_PROCESS, CLUSTER)
+PANDAS, IN_PROCESS, CLUSTER, DASK_ENV = "pandas", "in-process", "cluster", "cluster-dask-env"
+SIDES = (PANDAS, IN_PROCESS, CLUSTER, DASK_ENV)
+CLUSTERS = (CLUSTER, DASK_ENV)
 FULL_SIZES = (100_000, 1_000_000, 4_000_000)
 QUICK_SIZES = (100_000, 300_000)
 ROWS_PER_PART = 62_500
@@ -105,9 +106,9 @@ def side_main(argv: list[str]) -> int:
     """
     began = time.perf_counter()
     side, raw, out = argv[0], Path(argv[1]).resolve(), Path(argv[2]).resolve()
-    if side not in (IN_PROCESS, CLUSTER):
-        raise SystemExit(f"preprocess_pandas: unknown side {side!r}, expected {IN_PROCESS} or {CLUSTER}")
-    from benchmarks.preprocess_workers import PARAMS, start_cluster, warm_imports
+    if side not in (IN_PROCESS, *CLUSTERS):
+        raise SystemExit(f"preprocess_pandas: unknown side {side!r}, expected {IN_PROCESS}, {', '.join(CLUSTERS)}")
+    from benchmarks.preprocess_workers import PARAMS, cpu_worker_env, start_cluster, warm_imports
     from benchmarks.stages import context, current
     from tasks.preprocess import prepare
 
@@ -119,8 +120,9 @@ def side_main(argv: list[str]) -> int:
     report: dict[str, Any] = {"side": side, "imports": time.perf_counter() - began}
     with ExitStack() as stack:
         client: Client | None = None
-        if side == CLUSTER:
-            report["start"], started = timed(lambda: start_cluster(WORKERS, stack))
+        if side in CLUSTERS:
+            env = cpu_worker_env() if side == CLUSTER else None
+            report["start"], started = timed(lambda: start_cluster(WORKERS, stack, env))
             report["warm"], _ = timed(lambda: started.run(warm_imports))
             client = started
         ctx = context("preprocess", out.parent, params=PARAMS, deps={"data/raw": raw}, outs={"data/processed": out},
@@ -307,7 +309,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             reference: list[Outputs] = []
             log(f"{NAME}: {rows:,} rows ({size.raw_mib:.0f} MiB of parquet): {repeats} rotating repetitions")
             for i in range(repeats):
-                for side in SIDES[i % 3:] + SIDES[:i % 3]:
+                for side in SIDES[i % len(SIDES):] + SIDES[:i % len(SIDES)]:
                     done = one(side, raw, rows, reference)
                     size.runs[side].append(done)
                     log(f"  {_rows(rows)} repetition {i + 1}/{repeats} {side}: {done.seconds:.2f} s of work, "
@@ -321,6 +323,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
 
 def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreement) -> Result:
+    from benchmarks.preprocess_workers import cpu_worker_env
+
     metrics: list[Metric] = []
     ratios: dict[int, float] = {}
     for size in sizes:
@@ -329,9 +333,11 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
         in_process = Metric(f"{label} rows: wall of the work (s), pandas vs in process", pandas_s,
                             size.seconds(IN_PROCESS))
         cluster = Metric(f"{label} rows: wall of the work (s), pandas vs 2 workers", pandas_s, size.seconds(CLUSTER))
+        dask_env = Metric(f"{label} rows: wall of the work (s), pandas vs 2 workers in Dask's worker environment",
+                          pandas_s, size.seconds(DASK_ENV))
         ratios[size.rows] = statistics.median(cluster.ratios())
         pandas_mib = [r.peak_mib for r in size.runs[PANDAS]]
-        metrics += [in_process, cluster,
+        metrics += [in_process, cluster, dask_env,
                     Metric(f"{label} rows: peak RSS of the process tree (MiB), pandas vs in process", pandas_mib,
                            [r.peak_mib for r in size.runs[IN_PROCESS]], digits=0),
                     Metric(f"{label} rows: peak RSS of the process tree (MiB), pandas vs 2 workers", pandas_mib,
@@ -352,7 +358,11 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
                              "the task read the data at once, else its threads)",
                "2 workers": f"LocalCluster(n_workers={WORKERS}, threads_per_worker=1, processes=True, host 127.0.0.1, "
                             "memory_limit 6GiB) started in the process before the clock starts, the task's modules "
-                            "imported in the workers, closed after",
+                            "imported in the workers, closed after; the workers' environment as the cpu profile of "
+                            f"configs/scale.yaml sets it (worker_env {json.dumps(cpu_worker_env())})",
+               "2 workers in Dask's worker environment": "the same cluster, the workers' environment Dask's "
+                            "distributed.nanny.pre-spawn-environ as it ships (MALLOC_TRIM_THRESHOLD_ 65536, "
+                            "OMP/MKL/OpenBLAS threads 1)",
                "timing": "the work only, timed inside each fresh process (imports, cluster start and stop excluded); "
                          "sides rotate from one repetition to the next; one uncounted warm-up run of each side on "
                          f"{WARM_UP_ROWS:,} rows first",
@@ -396,7 +406,11 @@ def _notes(config: Config, sizes: list[Size], ratios: dict[int, float], agreemen
         ran = ", ".join(f"{s.rows:,}" for s in sizes)
         notes.append(f"goal (the issue): at {GOAL_ROWS:,} rows on 2 workers at least {GOAL_RATIO}x faster than pandas: "
                      f"not measured (this run: {ran} rows{'; --quick' if config.quick else ''})")
-    cluster_runs = [r for size in sizes for r in size.runs[CLUSTER]]
+    for size in sizes:
+        notes.append(f"{size.rows:,} rows on 2 workers: {size.median(CLUSTER):.2f} s with the profile's worker_env, "
+                     f"{size.median(DASK_ENV):.2f} s in Dask's worker environment (MALLOC_TRIM_THRESHOLD_ 65536: glibc "
+                     "hands every freed array back to the kernel and faults fresh pages in for the next)")
+    cluster_runs = [r for size in sizes for side in CLUSTERS for r in size.runs[side]]
     start = statistics.median(float(r.report["start"]) for r in cluster_runs)
     warm = statistics.median(float(r.report["warm"]) for r in cluster_runs)
     close = statistics.median(float(r.report["close"]) for r in cluster_runs)

@@ -15,13 +15,13 @@ import math
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, timed
 from benchmarks.stages import context, current, digest, read_parts
 
 if TYPE_CHECKING:
@@ -48,12 +48,25 @@ def generate(raw: Path, rows: int, shards: int) -> None:
     check(written == rows, f"generated {written} rows, expected {rows}")
 
 
-def start_cluster(workers: int, stack: ExitStack) -> Client:
+def cpu_worker_env() -> dict[str, Any] | None:
+    """The ``worker_env`` of the cpu profile of configs/scale.yaml (the reference pipeline at scale)."""
+    import yaml
+
+    profile: dict[str, Any] = yaml.safe_load((REPO / "configs" / "scale.yaml").read_text())["profiles"]["cpu"]
+    return profile.get("worker_env")
+
+
+def start_cluster(workers: int, stack: ExitStack, worker_env: Mapping[str, Any] | None = None) -> Client:
+    """A LocalCluster of ``workers`` one-thread worker processes, their environment Dask's with
+    ``worker_env`` over it, as a dask profile starts it (``conveyor.run.nanny_env``)."""
     from distributed import Client, LocalCluster
 
-    cluster = stack.enter_context(LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, memory_limit="6GiB", host="127.0.0.1",
-        dashboard_address=":0", scheduler_kwargs={"dashboard": False}, silence_logs=logging.ERROR))
+    from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
+
+    with worker_environ(worker_env), undo_nanny_environ():
+        cluster = stack.enter_context(LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, memory_limit="6GiB", host="127.0.0.1",
+            dashboard_address=":0", scheduler_kwargs={"dashboard": False}, silence_logs=logging.ERROR))
     client: Client = stack.enter_context(Client(cluster, set_as_default=False))
     client.wait_for_workers(workers, timeout=120)
     return client

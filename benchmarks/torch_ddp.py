@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, timed
+from benchmarks.preprocess_workers import cpu_worker_env
 
 if TYPE_CHECKING:
     import numpy as np
@@ -119,6 +120,7 @@ def side_main(argv: list[str]) -> int:
 
     from benchmarks.stages import current
     from conveyor import StageContext
+    from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
     from conveyor.train.ddp import weights_sha256
     from tasks import models
     from tasks.train import mlp_model
@@ -146,8 +148,10 @@ def side_main(argv: list[str]) -> int:
         train(None)
     else:
         began = time.perf_counter()
-        with LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        with worker_environ(cpu_worker_env()), undo_nanny_environ():  # as the scale.yaml cpu profile starts it
+            cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   dashboard_address="127.0.0.1:0")
+        with cluster, Client(cluster) as client:
             client.wait_for_workers(WORKERS, timeout=120)
             report["start"] = time.perf_counter() - began
             report["warm"], _ = timed(lambda: client.run(_warm))
@@ -314,7 +318,9 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
                "ddp": f"LocalCluster(n_workers={WORKERS}, threads_per_worker=1, processes=True, host 127.0.0.1) "
                       "started in the process before the clock (workers registered; torch and the task's modules "
                       f"imported in them); gloo; DistributedSampler, {params['batch_size'] // WORKERS} rows per "
-                      "rank and step, gradients averaged by DDP; every rank reads the whole train split",
+                      "rank and step, gradients averaged by DDP; every rank reads the whole train split; the workers' "
+                      "environment as the cpu profile of configs/scale.yaml sets it (worker_env "
+                      f"{json.dumps(cpu_worker_env())})",
                "timing": "the wall of mlp_model(ctx), timed inside each fresh process (reading the splits, training, "
                          "writing model and metrics); the whole process's wall from outside; sides interleaved",
                "memory": "summed RSS of the process and its descendants, sampled from /proc every 100 ms over the "

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
+from benchmarks.preprocess_workers import cpu_worker_env
 
 NAME = "xgboost-dask"
 DESCRIPTION = "xgboost.dask on 2 Dask workers vs xgb.train(nthread=2) in one process, same rows and params"
@@ -67,6 +68,7 @@ def side_main(argv: list[str]) -> int:
     import xgboost as xgb
     from distributed import Client, LocalCluster
 
+    from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
     from conveyor.train.xgb import train_xgboost
 
     params, rounds, patience = booster_params(2 if side == PLAIN else None)
@@ -85,8 +87,10 @@ def side_main(argv: list[str]) -> int:
         trained = train(None)
     else:
         began = time.perf_counter()
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        with worker_environ(cpu_worker_env()), undo_nanny_environ():  # as the scale.yaml cpu profile starts it
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   dashboard_address="127.0.0.1:0")
+        with cluster, Client(cluster) as client:
             client.wait_for_workers(2, timeout=120)
             client.run(lambda: __import__("xgboost"))  # imported in the workers before the clock starts
             report["start"] = time.perf_counter() - began
@@ -161,7 +165,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                        f"benchmarks/plain_preprocess.py: {stats['rows']}",
                "params": json.dumps(booster_params(None)),
                "cluster": "started in the candidate's process before the clock (workers registered, xgboost "
-                          "imported in them); 127.0.0.1"},
+                          "imported in them); 127.0.0.1; the workers' environment as the cpu profile of "
+                          f"configs/scale.yaml sets it (worker_env {json.dumps(cpu_worker_env())})"},
         checks=["each side trained the same model on every repetition (best iteration, predictions on the valid "
                 "split bit for bit)",
                 f"the two sides' best valid logloss within {QUALITY:.0%} of each other"],

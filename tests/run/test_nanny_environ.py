@@ -62,3 +62,21 @@ def test_a_local_cluster_leaves_the_runners_environment_as_the_user_set_it(
         assert {name: seen.get(name) for name in users} == users
         assert command_environ(tmp_path, OMP_NUM_THREADS="7")["OMP_NUM_THREADS"] == "7"  # a stage's env wins
         assert list(client.run(worker_environ).values()) == [expected]
+
+
+@pytest.mark.slow
+def test_a_profiles_worker_env_is_set_before_the_workers_start_and_removes_dasks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*DASKS, "CONVEYOR_TEST_WORKER"):
+        monkeypatch.delenv(name, raising=False)
+    tuned = CPU.model_copy(update={"worker_env": {"MALLOC_TRIM_THRESHOLD_": None, "CONVEYOR_TEST_WORKER": 7}})
+
+    with Profiles({"cpu": tuned}) as profiles:
+        client = profiles.get("cpu").client
+        assert client is not None
+        seen = list(client.run(lambda: {name: os.environ.get(name, "unset")
+                                        for name in (*DASKS, "CONVEYOR_TEST_WORKER")}).values())
+
+    assert seen == [{"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                     "MALLOC_TRIM_THRESHOLD_": "unset", "CONVEYOR_TEST_WORKER": "7"}]
+    assert "CONVEYOR_TEST_WORKER" not in os.environ  # the runner's own environment is as it was

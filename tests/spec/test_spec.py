@@ -558,6 +558,19 @@ def test_in_process_below_reads_sizes_as_dask_does(project: ProjectDir, size: st
     assert isinstance(profile, DaskProfile) and size_in_bytes(str(profile.in_process_below)) == expected
 
 
+def test_worker_env_names_the_key_and_applies_only_to_a_cluster_conveyor_starts(project: ProjectDir) -> None:
+    spec = project.spec("""
+        pipeline: demo
+        profiles:
+          cpu: {kind: dask, worker_env: {"OMP NUM": 1}}
+          remote: {kind: dask, address: "tcp://127.0.0.1:8786", worker_env: {OMP_NUM_THREADS: 2}}
+        stages:
+          ingest: {task: "tasks.steps:fetch", outs: [data/raw]}
+    """)
+    err = spec_error(spec, r"profiles\.cpu\.worker_env: 'OMP NUM': not an environment variable name")
+    assert "worker_env only apply to a LocalCluster started by conveyor" in str(err)
+
+
 def test_negative_retries_and_zero_timeout(project: ProjectDir) -> None:
     spec = project.spec("""
         pipeline: demo

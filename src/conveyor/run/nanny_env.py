@@ -15,13 +15,14 @@ without a word), and so would a library imported in the runner later (torch read
 The workers keep Dask's settings; nothing else gets them. :func:`undo_nanny_environ` wraps the
 start of a local cluster and puts ``os.environ`` back as it was; as a nanny sets them again when
 it restarts a worker, :func:`user_environ` gives subprocesses the environment without them.
+What the workers get is Dask's, with a profile's ``worker_env`` over it (:func:`worker_environ`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 _ALSO_SET = ("PYTHONHASHSEED", "__DASK_PARENT_PID")  # what a nanny sets besides its pre-spawn-environ
@@ -80,3 +81,24 @@ def undo_nanny_environ() -> Iterator[None]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = old
+
+
+@contextmanager
+def worker_environ(env: Mapping[str, str | int | None] | None) -> Iterator[None]:
+    """Dask's ``distributed.nanny.pre-spawn-environ`` with a profile's ``worker_env`` over it, for
+    the nannies created in the block: they set it before a worker process starts, which is when
+    glibc's malloc and OpenMP read it (``LocalCluster(env=...)`` comes too late for those).
+    A None removes one of Dask's, e.g. ``MALLOC_TRIM_THRESHOLD_``."""
+    if not env:
+        yield
+        return
+    import dask.config
+
+    merged = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default=None) or {})
+    for name, value in env.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = str(value)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": merged}):
+        yield

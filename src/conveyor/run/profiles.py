@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ProfileError, UsageError
-from conveyor.run.nanny_env import undo_nanny_environ
+from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
 from conveyor.run.record import IN_PROCESS
 from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile, size_in_bytes
 
@@ -161,7 +161,8 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
         options["memory_limit"] = profile.memory_limit
     if profile.local_directory is not None:
         options["local_directory"] = profile.local_directory
-    with undo_nanny_environ():  # its nannies, here, set OMP_NUM_THREADS=1 &c. on os.environ: not ours to keep
+    # its nannies, here, set OMP_NUM_THREADS=1 &c. on os.environ: not ours to keep
+    with worker_environ(profile.worker_env), undo_nanny_environ():
         cluster = stack.enter_context(LocalCluster(**options))
         client = _client(cluster, stack)
     return Resources(profile=name, client=client, n_workers=_n_workers(client), memory_limit=profile.memory_limit)

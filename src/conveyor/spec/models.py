@@ -31,6 +31,7 @@ from conveyor.spec.yamlmap import LoadedYaml
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TASK_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -90,13 +91,24 @@ class DaskProfile(Model):
     processes: bool = True
     # a stage whose deps hold fewer bytes runs in the runner's process, no cluster started for it
     in_process_below: str | None = None
+    # environment of the workers, set before each starts (what glibc's malloc and OpenMP read), over
+    # Dask's distributed.nanny.pre-spawn-environ; null removes one of Dask's
+    worker_env: dict[str, str | int | None] | None = None
 
     _bytes = field_validator("memory_limit")(_check_bytes)
     _size = field_validator("in_process_below")(_check_size)
 
+    @field_validator("worker_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str | int | None] | None) -> dict[str, str | int | None] | None:
+        bad = [name for name in value or {} if not ENV_NAME.match(name)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))}: not an environment variable name (letters, digits, _)")
+        return value
+
     @model_validator(mode="after")
     def _one_kind_of_cluster(self) -> DaskProfile:
-        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit", "local_directory")
+        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit", "local_directory", "worker_env")
                  if getattr(self, k) is not None]
         if self.address is not None and local:
             raise ValueError(f"'address' connects to an existing cluster: {', '.join(local)} only apply to "
