@@ -123,7 +123,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             generate(warm_raw, WARM_UP_ROWS, 2)
         with ExitStack() as stack:
             log(f"{NAME}: starting LocalClusters of {BASELINE_WORKERS} and {CANDIDATE_WORKERS} workers")
-            clients = {n: start_cluster(n, stack) for n in (BASELINE_WORKERS, CANDIDATE_WORKERS)}
+            clients = {n: start_cluster(n, stack, cpu_worker_env()) for n in (BASELINE_WORKERS, CANDIDATE_WORKERS)}
 
             burn_expected = burn(BURN_N)
 
@@ -199,7 +199,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                        "conveyor.ingest.synthetic seed 42",
                "params": json.dumps(PARAMS),
                "clusters": "both started before the first measurement and kept for the benchmark (worker processes, "
-                           "127.0.0.1, memory_limit 6GiB)",
+                           "127.0.0.1, memory_limit 6GiB; the workers' environment as the cpu profile of "
+                           f"configs/scale.yaml sets it, worker_env {json.dumps(cpu_worker_env())})",
                "warm-up": "imports in the workers (--quick)" if config.quick else
                           f"one run each on {WARM_UP_ROWS:,} other rows, not counted"},
         checks=[f"every run split all {rows:,} rows ({', '.join(f'{k} {v:,}' for k, v in split_rows.items())})",
