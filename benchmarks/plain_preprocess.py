@@ -35,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tasks/ of this r
 
 from tasks import inputs  # noqa: E402
 from tasks import preprocess as prep  # noqa: E402
+from tasks import split as splitting  # noqa: E402
 from tasks.files import write_json  # noqa: E402
+from tasks.moments import ColumnStats, Moments  # noqa: E402
 
 IMPORTED = time.perf_counter()
 FORBIDDEN = ("dask", "distributed", "conveyor", "prefect")
@@ -49,34 +51,34 @@ class Split:
 
     rows: pa.Table
     codes: npt.NDArray[np.int8]
-    stats: prep.ColumnStats
+    stats: ColumnStats
     class_counts: pd.Series
 
 
-def split_frame(frame: pd.DataFrame, *, label: str, seed: int, fractions: prep.Fractions, source: str) -> Split:
+def split_frame(frame: pd.DataFrame, *, label: str, seed: int, fractions: splitting.Fractions, source: str) -> Split:
     """The preprocess stage's steps on one cleaned pandas frame, each once: the split keys, their
     histogram and the keys at the cut points (the exact stratified split), the train
     statistics, the standardised rows."""
     features = [column for column in frame.columns if column != label]
-    keys = prep.split_keys(frame, seed)
-    histogram = prep.key_histogram(frame[label].to_numpy(), keys)
+    keys = splitting.split_keys(frame, seed)
+    histogram = splitting.key_histogram(frame[label].to_numpy(), keys)
     inputs.check_classes(list(histogram), label, source)
-    cuts = prep.cut_points(histogram, fractions)
-    limits = prep.thresholds(cuts, prep.boundary(frame, label, keys, cuts, features))
-    codes = prep.split_codes(frame[label], keys, limits)
-    stats = prep.Moments.of(frame.loc[codes == prep.TRAIN, features].to_numpy(np.float64)).stats(features)
+    cuts = splitting.cut_points(histogram, fractions)
+    limits = splitting.thresholds(cuts, frame[label].to_numpy(), keys, splitting.key_bins(keys))
+    codes = splitting.split_codes(frame[label], keys, limits)
+    stats = Moments.of(frame.loc[codes == splitting.TRAIN, features].to_numpy(np.float64)).stats(features)
     return Split(rows=prep.standardised_table(frame, features, stats.mean, stats.std), codes=codes, stats=stats,
-                 class_counts=prep.class_counts(codes, frame[label]))
+                 class_counts=splitting.class_counts(codes, frame[label]))
 
 
 def preprocess(raw: Path, out: Path, *, label: str = "target", valid: float = 0.15, test: float = 0.2,
                seed: int = 42) -> dict[str, Any]:
     """The preprocess stage's steps on one pandas frame; the stats.json it wrote."""
-    fractions = prep.Fractions(valid=valid, test=test)
+    fractions = splitting.Fractions(valid=valid, test=test)
     # clean() and inputs.check_columns() read only .columns/.dtypes/.dropna/.astype: pandas has them all
     frame = cast(pd.DataFrame, prep.clean(cast(Any, pd.read_parquet(raw)), label, source=str(raw)))
     split = split_frame(frame, label=label, seed=seed, fractions=fractions, source=str(raw))
-    for name in prep.SPLITS:
+    for name in splitting.SPLITS:
         (out / name).mkdir(parents=True, exist_ok=True)
     prep.write_split_parts(split.rows, split.codes, out, PART, label)
     features = [column for column in frame.columns if column != label]

@@ -102,9 +102,11 @@ def preprocess(raw: pd.DataFrame, params: Mapping[str, Any], seed: int, out: Pat
     """Clean, split (exact, stratified, seeded), fit stats on train, standardise, write the splits."""
     from benchmarks.plain_preprocess import split_frame  # the project's own pandas helpers (no conveyor, no dask)
     from tasks import preprocess as prep
+    from tasks.split import SPLITS as SPLIT_NAMES
+    from tasks.split import Fractions
 
     label = str(params["label"])
-    fractions = prep.Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
+    fractions = Fractions(valid=float(params["valid_fraction"]), test=float(params["test_fraction"]))
     frame = raw.dropna(subset=[label])
     if pd.api.types.is_float_dtype(frame[label].dtype):
         frame = frame.astype({label: "int64"})
@@ -115,7 +117,7 @@ def preprocess(raw: pd.DataFrame, params: Mapping[str, Any], seed: int, out: Pat
     features = [column for column in frame.columns if column != label]
     write_json(out / "stats.json", prep._summary(label, features, seed, fractions, split.stats, split.class_counts))
     rows = split.rows.to_pandas()
-    return {name: rows[split.codes == code] for code, name in enumerate(prep.SPLITS)}
+    return {name: rows[split.codes == code] for code, name in enumerate(SPLIT_NAMES)}
 
 
 # --- the models -------------------------------------------------------------------------

@@ -9,9 +9,9 @@ nothing is held between passes and the data may be larger than the cluster's mem
 3. each part split, standardised and written as three parquet parts, one per split.
 
 Statistics are fitted on the train split only, so nothing of valid/test leaks into the models.
-The helpers that work on one part (:func:`split_keys`, :func:`key_histogram`,
-:func:`boundary`, :func:`split_codes`, :func:`write_split_parts`) are plain pandas and numpy:
-the same steps on one pandas frame are the single-process version.
+What works on one part is plain pandas and numpy (:mod:`tasks.split`, :mod:`tasks.moments`,
+:func:`boundary`, :func:`standardised_table`, :func:`write_split_parts`): the same steps on one
+pandas frame are the single-process version.
 """
 
 from __future__ import annotations
@@ -26,6 +26,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tasks import inputs
 from tasks.files import write_json
+from tasks.moments import DDOF, ColumnStats, Moments
+from tasks.split import (
+    SPLITS,
+    Cuts,
+    Fractions,
+    Thresholds,
+    class_counts,
+    cut_points,
+    key_bins,
+    key_histogram,
+    past_end,
+    split_codes,
+    split_keys,
+    thresholds,
+)
 
 if TYPE_CHECKING:
     import logging
@@ -40,97 +55,13 @@ if TYPE_CHECKING:
 
     from conveyor import StageContext
 
-SPLITS = ("train", "valid", "test")  # also the split codes: 0 train, 1 valid, 2 test
-TRAIN, VALID, TEST = range(3)
 SPLIT_COLUMN = "split"
-DDOF = 1  # sample standard deviation, as pandas' default
 SCALED_LIMIT = 1e6  # standard deviations a scaled value is clipped to; the train split lies within a few dozen
 AT_ONCE_BELOW = 128 * 2**20  # parquet bytes a stage without a cluster reads at once, as one partition
 HOLD_SHARE = 0.25  # a cluster holds the cleaned rows in memory when they take at most this share of its memory
-_BINS = 1 << 12  # histogram resolution of the split key when locating per-class cut points
 _FAN_IN = 8  # partial results combined per task when summing them on the workers
-_GOLDEN = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 64) - 1
 
 T = TypeVar("T")
-Cuts = dict[Any, tuple[tuple[int, int], tuple[int, int]]]  # per class: (bin, rank in bin) of test|valid, valid|train
-Thresholds = dict[Any, tuple[float, float]]  # per class: keys below which a row is test, and test or valid
-
-
-@dataclass(frozen=True)
-class Fractions:
-    """Share of each class's rows that goes to valid and to test; train gets the rest."""
-
-    valid: float
-    test: float
-
-    def __post_init__(self) -> None:
-        if min(self.valid, self.test) < 0 or self.valid + self.test >= 1:
-            raise ValueError(
-                f"preprocess: need valid_fraction, test_fraction >= 0 with a sum below 1, "
-                f"got valid={self.valid}, test={self.test}"
-            )
-
-
-@dataclass(frozen=True)
-class ColumnStats:
-    """Train-split statistics of the feature columns (NaNs skipped, ``DDOF`` for std)."""
-
-    mean: pd.Series
-    std: pd.Series
-    count: pd.Series
-
-
-@dataclass(frozen=True)
-class Moments:
-    """Per column: non-missing count, mean and sum of squared deviations (float64).
-
-    Two sets add as Chan et al.'s parallel update, which keeps the precision of a two-pass
-    computation whatever the partitioning (a sum of squares would not: it cancels when the
-    mean is large against the spread).
-    """
-
-    count: npt.NDArray[np.float64]
-    mean: npt.NDArray[np.float64]
-    m2: npt.NDArray[np.float64]
-
-    @classmethod
-    def of(cls, values: npt.NDArray[Any]) -> Moments:
-        """The moments of the columns of a 2-d numeric array, in float64, NaNs skipped."""
-        import numpy as np
-
-        values = np.array(values, dtype=np.float64, order="K")  # one copy, worked on in place
-        missing = np.isnan(values)
-        count = (len(values) - missing.sum(axis=0)).astype(np.float64)
-        skip = bool(missing.any())
-        if skip:
-            values[missing] = 0.0
-        mean = np.divide(values.sum(axis=0), count, out=np.zeros(values.shape[1]), where=count > 0)
-        values -= mean
-        if skip:
-            values[missing] = 0.0
-        return cls(count=count, mean=mean, m2=np.einsum("ij,ij->j", values, values))
-
-    def __add__(self, other: Moments) -> Moments:
-        import numpy as np
-
-        count = self.count + other.count
-        delta = other.mean - self.mean
-        share = np.divide(other.count, count, out=np.zeros_like(count), where=count > 0)
-        return Moments(count=count, mean=self.mean + delta * share,
-                       m2=self.m2 + other.m2 + delta**2 * self.count * share)
-
-    def stats(self, columns: Sequence[str]) -> ColumnStats:
-        """Mean and std (``DDOF``); an all-missing or constant column has mean 0 and std 1."""
-        import numpy as np
-        import pandas as pd
-
-        with np.errstate(divide="ignore", invalid="ignore"):
-            std = np.sqrt(self.m2 / (self.count - DDOF))
-        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
-        return ColumnStats(mean=pd.Series(np.where(self.count > 0, self.mean, 0.0), index=list(columns)),
-                           std=pd.Series(std, index=list(columns)),
-                           count=pd.Series(self.count.astype(np.int64), index=list(columns)))
 
 
 @dataclass(frozen=True)
@@ -221,13 +152,8 @@ def clean(frame: dd.DataFrame, label: str, *, source: str = "the data") -> dd.Da
 
 def locate_cuts(parts: Sequence[Delayed], *, label: str, seed: int, fractions: Fractions, source: str = "the data",
                 scheduler: str | None = None) -> Cuts:
-    """Pass 1: per class, the bins and ranks within them of the two cut points.
+    """Pass 1: per class, the bins and ranks within them of the two cut points (:mod:`tasks.split`).
 
-    Each row gets a uniform key from a hash of its values and the seed (:func:`split_keys`);
-    within each class the rows with the smallest keys go to test, the next ones to valid, the
-    rest to train, so every class contributes ``round(n_class * fraction)`` rows to each split
-    (exact stratification, not Spark ``sampleBy``'s per-row coin flips; rows with identical
-    values share a key and so a split), whatever the partitioning and the order of the rows.
     The histogram also counts the classes: fewer than two is an error naming ``source``.
     ``scheduler``: dask's (None: the current client's, else dask's default).
     """
@@ -249,7 +175,7 @@ def fit(parts: Sequence[Delayed], cuts: Cuts, *, label: str, seed: int, features
 
     found = _summed([delayed(_boundary_part)(part, label, seed, cuts, features) for part in parts],
                     _add_boundaries, scheduler)
-    limits = thresholds(cuts, found)
+    limits = thresholds(cuts, found.labels, found.keys, found.bins)
     return limits, train_stats(found, cuts, limits, features)
 
 
@@ -288,56 +214,6 @@ def column_stats(frame: dd.DataFrame) -> ColumnStats:
 # --- one part: plain pandas and numpy ---------------------------------------------------
 
 
-def split_keys(part: pd.DataFrame, seed: int) -> npt.NDArray[np.float64]:
-    """A uniform [0, 1) key per row from its values and the seed (splitmix64 finaliser)."""
-    import numpy as np
-    import pandas as pd
-
-    z = pd.util.hash_pandas_object(part, index=False).to_numpy(dtype=np.uint64)
-    z = z + np.uint64((seed * _GOLDEN) & _MASK64)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-def key_bins(keys: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
-    """The histogram bin of each key."""
-    import numpy as np
-
-    return (keys * _BINS).astype(np.int64)
-
-
-def key_histogram(labels: npt.NDArray[Any], keys: npt.NDArray[np.float64]) -> dict[Any, npt.NDArray[np.int64]]:
-    """Per class, the number of keys in each of the ``_BINS`` bins."""
-    import numpy as np
-
-    classes, index = np.unique(labels, return_inverse=True)
-    counts = np.bincount(index.ravel() * _BINS + key_bins(keys), minlength=len(classes) * _BINS)
-    return dict(zip(classes.tolist(), counts.reshape(len(classes), _BINS), strict=True))
-
-
-def cut_points(histogram: Mapping[Any, npt.NDArray[np.int64]], fractions: Fractions) -> Cuts:
-    """Per class, the two cut points (test|valid, valid|train) as (bin, rank within the bin).
-
-    A class of ``n`` rows puts its ``round(n * test)`` smallest keys in test and the next
-    ``round(n * (test + valid)) - round(n * test)`` in valid; bin -1 means "past the end".
-    """
-    import numpy as np
-
-    cuts: Cuts = {}
-    for cls, per_bin in histogram.items():
-        cum = np.cumsum(per_bin)
-        n = int(cum[-1])
-        points = []
-        for rank in (round(n * fractions.test), round(n * (fractions.test + fractions.valid))):
-            at = int(np.searchsorted(cum, rank, side="right"))
-            before = int(cum[at - 1]) if at > 0 else 0
-            points.append((at if at < len(cum) else -1, rank - before))
-        cuts[cls] = (points[0], points[1])
-    return cuts
-
-
 def boundary(part: pd.DataFrame, label: str, keys: npt.NDArray[np.float64], cuts: Cuts,
              features: list[str]) -> Boundary:
     """The rows of ``part`` in a bin holding one of their class's cut points, and the moments
@@ -347,26 +223,11 @@ def boundary(part: pd.DataFrame, label: str, keys: npt.NDArray[np.float64], cuts
     bins = key_bins(keys)
     labels = part[label]
     test_bin = labels.map({cls: test[0] for cls, (test, _) in cuts.items()}).to_numpy(np.int64)
-    train_bin = labels.map({cls: _past_end(valid[0]) for cls, (_, valid) in cuts.items()}).to_numpy(np.int64)
+    train_bin = labels.map({cls: past_end(valid[0]) for cls, (_, valid) in cuts.items()}).to_numpy(np.int64)
     at_cut = (bins == test_bin) | (bins == train_bin)
     values = part[features].to_numpy()  # in the columns' dtype: rows are picked before any float64 copy
     return Boundary(labels=labels.to_numpy()[at_cut], keys=keys[at_cut], bins=bins[at_cut],
                     values=values[at_cut].astype(np.float64), past=Moments.of(values[bins > train_bin]))
-
-
-def thresholds(cuts: Cuts, found: Boundary) -> Thresholds:
-    """Per class, the keys below which a row goes to test, and to test or valid."""
-    import numpy as np
-
-    result: Thresholds = {}
-    for cls, points in cuts.items():
-        of_class = found.labels == cls
-        edges = []
-        for b, rank_in_bin in points:
-            in_bin = np.sort(found.keys[of_class & (found.bins == b)])
-            edges.append(float(in_bin[rank_in_bin]) if b >= 0 else float("inf"))
-        result[cls] = (edges[0], edges[1])
-    return result
 
 
 def train_stats(found: Boundary, cuts: Cuts, limits: Thresholds, features: list[str]) -> ColumnStats:
@@ -374,27 +235,10 @@ def train_stats(found: Boundary, cuts: Cuts, limits: Thresholds, features: list[
     in that bin at or above the class's threshold."""
     import numpy as np
 
-    train_bin = np.array([_past_end(cuts[cls][1][0]) for cls in found.labels.tolist()], dtype=np.int64)
+    train_bin = np.array([past_end(cuts[cls][1][0]) for cls in found.labels.tolist()], dtype=np.int64)
     threshold = np.array([limits[cls][1] for cls in found.labels.tolist()], dtype=np.float64)
     in_train = (found.bins == train_bin) & (found.keys >= threshold)
     return (found.past + Moments.of(found.values[in_train])).stats(features)
-
-
-def _past_end(b: int) -> int:
-    """A cut's bin, with "past the end" (-1) as the bin after the last: no row's bin is past it."""
-    return b if b >= 0 else _BINS
-
-
-def split_codes(labels: pd.Series, keys: npt.NDArray[np.float64], limits: Thresholds) -> npt.NDArray[np.int8]:
-    """Each row's split as its index in ``SPLITS`` (0 train, 1 valid, 2 test)."""
-    import numpy as np
-
-    test_edge = labels.map({cls: t[0] for cls, t in limits.items()}).to_numpy(np.float64)
-    valid_edge = labels.map({cls: t[1] for cls, t in limits.items()}).to_numpy(np.float64)
-    codes = np.full(len(keys), TRAIN, dtype=np.int8)
-    codes[keys < valid_edge] = VALID
-    codes[keys < test_edge] = TEST
-    return codes
 
 
 def standardise_rows(rows: pd.DataFrame, features: list[str], mean: pd.Series, std: pd.Series) -> pd.DataFrame:
@@ -447,16 +291,6 @@ def write_split_parts(table: pa.Table, codes: npt.NDArray[np.int8], out: Path, n
     for code, split in enumerate(SPLITS):
         pq.write_table(table.filter(pa.array(codes == code)), out / split / name, use_dictionary=[label],
                        write_page_checksum=True)
-
-
-def class_counts(codes: npt.NDArray[np.int8], labels: pd.Series) -> pd.Series:
-    """Rows per (split name, class)."""
-    import numpy as np
-    import pandas as pd
-
-    classes, index = np.unique(labels.to_numpy(), return_inverse=True)
-    counts = np.bincount(codes.astype(np.int64) * len(classes) + index.ravel(), minlength=len(SPLITS) * len(classes))
-    return pd.Series(counts, index=pd.MultiIndex.from_product([list(SPLITS), classes.tolist()]))
 
 
 def part_name(index: int) -> str:
