@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -31,6 +32,20 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`CheckFailed` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise CheckFailed(message)
+
+
+def side_command(module: str, *args: str) -> list[str]:
+    """``python -c`` running ``module``'s ``side_main(args)``: one side of a benchmark, in a fresh process."""
+    return [sys.executable, "-c", f"import sys; from {module} import side_main; sys.exit(side_main(sys.argv[1:]))",
+            *args]
+
+
+def side_report(stdout: str, side: str) -> dict[str, Any]:
+    """The JSON line a side's process printed last (its report)."""
+    lines = stdout.strip().splitlines()
+    check(bool(lines), f"{side}: printed nothing")
+    report: dict[str, Any] = json.loads(lines[-1])
+    return report
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check
+from benchmarks.harness import REPO, Config, Metric, Result, check, side_command, side_report
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -352,9 +352,7 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
         tail = [line for line in err.strip().splitlines() if line.strip()][-1:] or ["(no stderr)"]
         outcome.reason = f"error: exit status {proc.returncode}: {tail[0][:300]}"
         return outcome
-    lines = out.strip().splitlines()
-    check(bool(lines), f"{outcome.name}: printed nothing")
-    outcome.report = json.loads(lines[-1])
+    outcome.report = side_report(out, outcome.name)
     outcome.reason = str(outcome.report.get("reason", ""))
     if outcome.reason and outcome.logged["paused"]:
         outcome.reason += (f" (the workers paused {outcome.logged['paused']}x above {_fractions()['pause']:g} of the "
@@ -363,12 +361,6 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
     if outcome.completed:
         outcome.seconds = float(outcome.report["seconds"])
     return outcome
-
-
-def _python(module: str, *args: str) -> list[str]:
-    """``python -c`` running ``module``'s ``side_main`` with ``args``."""
-    return [sys.executable, "-c", f"import sys; from {module} import side_main; sys.exit(side_main(sys.argv[1:]))",
-            *args]
 
 
 def measure(task: str, side: str, rows: int, src: Path, out: Path, cap: int, deadline: float) -> Outcome:
@@ -381,14 +373,14 @@ def measure(task: str, side: str, rows: int, src: Path, out: Path, cap: int, dea
     out.mkdir(parents=True)
     outcome = Outcome(task, side, rows, out)
     if side == CLUSTER:
-        args = _python("benchmarks.memory_cap", task, str(cap), str(deadline), str(src), str(out))
+        args = side_command("benchmarks.memory_cap", task, str(cap), str(deadline), str(src), str(out))
     elif task == PREPROCESS:
         params = PARAMS[PREPROCESS]
         args = [sys.executable, str(PLAIN), str(src), str(out / "processed"), "--label", str(params["label"]),
                 "--valid", str(params["valid_fraction"]), "--test", str(params["test_fraction"]),
                 "--seed", str(PARAMS["seed"])]
     else:
-        args = _python("benchmarks.xgboost_dask", XGB_TRAIN, str(src), str(out / "predictions.npy"))
+        args = side_command("benchmarks.xgboost_dask", XGB_TRAIN, str(src), str(out / "predictions.npy"))
     launch(outcome, args, cap, deadline, capped_all=side == SINGLE)
     if outcome.completed and task == PREPROCESS and side == SINGLE:
         check(outcome.report["forbidden"] == [], f"pandas: the plain script imported {outcome.report['forbidden']}")

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, timed
+from benchmarks.harness import REPO, Config, Metric, Result, check, side_command, side_report, timed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -252,12 +252,9 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
                 "--valid", str(params["valid_fraction"]), "--test", str(params["test_fraction"]),
                 "--seed", str(PARAMS["seed"])]
     else:
-        args = [sys.executable, "-c", "import sys; from benchmarks.preprocess_pandas import side_main; "
-                                      "sys.exit(side_main(sys.argv[1:]))", side, str(raw), str(out)]
+        args = side_command("benchmarks.preprocess_pandas", side, str(raw), str(out))
     wall, peak, stdout = execute(args, REPO, env, side)
-    lines = stdout.strip().splitlines()
-    check(bool(lines), f"{side}: printed nothing")
-    report: dict[str, Any] = json.loads(lines[-1])
+    report = side_report(stdout, side)
     if side == PANDAS:
         check(report["forbidden"] == [], f"pandas: the plain script imported {report['forbidden']}")
     return Run(seconds=float(report["seconds"]), wall=wall, peak_mib=peak, report=report)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command, side_report, timed
 from benchmarks.preprocess_workers import cpu_worker_env
 
 if TYPE_CHECKING:
@@ -203,12 +203,9 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str]) -> Run:
     from benchmarks.reference import execute
     from tasks import models
 
-    args = [sys.executable, "-c", "import sys; from benchmarks.torch_ddp import side_main; "
-                                  "sys.exit(side_main(sys.argv[1:]))", side, str(processed), str(out)]
+    args = side_command("benchmarks.torch_ddp", side, str(processed), str(out))
     wall, peak, stdout = execute(args, REPO, env, side)
-    lines = stdout.strip().splitlines()
-    check(bool(lines), f"{side}: printed nothing")
-    report: dict[str, Any] = json.loads(lines[-1])
+    report = side_report(stdout, side)
     metrics = report["metrics"]
     check(metrics["epochs"] == EPOCHS, f"{side}: trained {metrics['epochs']} epochs, expected {EPOCHS}")
     best, initial = float(metrics["best_valid_loss"]), float(metrics["initial_valid_loss"])

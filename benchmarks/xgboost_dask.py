@@ -27,14 +27,13 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command, side_report
 from benchmarks.preprocess_workers import cpu_worker_env
 
 NAME = "xgboost-dask"
@@ -127,11 +126,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         def measure(side: str) -> tuple[float, float, float]:
             counter[0] += 1
             predictions = root / f"predictions-{counter[0]}.npy"
-            args = [sys.executable, "-c", "import sys; from benchmarks.xgboost_dask import side_main; "
-                                          "sys.exit(side_main(sys.argv[1:]))", side, str(root / "processed"),
-                    str(predictions)]
+            args = side_command("benchmarks.xgboost_dask", side, str(root / "processed"), str(predictions))
             seconds, mib, stdout = execute(args, REPO, repo_env(), side)
-            report = json.loads(stdout.strip().splitlines()[-1])
+            report = side_report(stdout, side)
             report["predictions"] = np.load(predictions)
             reports[side].append(report)
             return float(report["seconds"]), seconds, mib
