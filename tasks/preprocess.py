@@ -120,10 +120,12 @@ def _held_if_it_fits(client: Client, frame: dd.DataFrame, raw: Path, source: str
     once, not once each. Larger data is read once per pass and never held."""
     from dask.utils import format_bytes
 
-    size = inputs.uncompressed_bytes(raw)
     limits = [int(worker.get("memory_limit") or 0) for worker in client.scheduler_info()["workers"].values()]
-    budget = HOLD_SHARE * sum(limits) if limits and min(limits) > 0 else 0.0
-    if size > budget:
+    if not limits or min(limits) <= 0:
+        log.info("%s read once per pass: the workers have no memory limit to size it against", source)
+        return frame
+    size = inputs.uncompressed_bytes(raw)
+    if size > HOLD_SHARE * sum(limits):
         log.info("%s (%s uncompressed) read once per pass: more than %d%% of the workers' memory (%s)",
                  source, format_bytes(size), round(HOLD_SHARE * 100), format_bytes(sum(limits)))
         return frame
