@@ -34,6 +34,11 @@ def check(condition: bool, message: str) -> None:
         raise CheckFailed(message)
 
 
+def rows_label(n: int) -> str:
+    """``100k``, ``1M``, ``2.5M``: a row count as a metric's label says it."""
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
+
+
 def side_command(module: str, *args: str) -> list[str]:
     """``python -c`` running ``module``'s ``side_main(args)``: one side of a benchmark, in a fresh process."""
     return [sys.executable, "-c", f"import sys; from {module} import side_main; sys.exit(side_main(sys.argv[1:]))",

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, side_command, side_report
+from benchmarks.harness import REPO, Config, Metric, Result, check, rows_label, side_command, side_report
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -251,27 +251,6 @@ def side_main(argv: list[str]) -> int:
 # --- one measurement, from outside ---------------------------------------------------------
 
 
-def process_rss(root: int) -> dict[int, int]:
-    """Bytes of RSS (``/proc/PID/status`` VmRSS) of ``root`` and each of its descendants now
-    (children from ``/proc/PID/task/*/children``: a multi-threaded process forks from any thread)."""
-    rss: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"VmRSS:"):
-                        rss[pid] = int(line.split()[1]) * 1024
-                        break
-            for task in os.scandir(f"/proc/{pid}/task"):
-                with open(os.path.join(task.path, "children"), "rb") as f:
-                    todo += [int(child) for child in f.read().split()]
-        except OSError:  # ended between two reads
-            continue
-    return rss
-
-
 @dataclass
 class Outcome:
     """One measurement of one side at one size."""
@@ -308,7 +287,7 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
     ``SAMPLE_S``. The whole group is SIGKILLed when a capped process goes over the terminate
     fraction of ``cap`` (``capped_all``: every process of the tree; else the one started: the
     Dask side's workers are their nannies' to stop) or after ``deadline`` + 60 s; reaped either way."""
-    from benchmarks.reference import repo_env, stop_group
+    from benchmarks.reference import process_rss, repo_env, stop_group
 
     limit = terminate_fraction() * cap
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -415,7 +394,7 @@ class Measured:
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    from benchmarks.preprocess_pandas import Agreement, _rows, parts_for
+    from benchmarks.preprocess_pandas import Agreement, parts_for
     from benchmarks.preprocess_workers import generate
 
     cap = QUICK_CAP if config.quick else FULL_CAP
@@ -432,7 +411,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         counter[0] += 1
         outcome = measure(task, side, rows, src, scratch / f"run-{counter[0]:03d}-{task}-{side}", cap, deadline)
         measured.add(outcome)
-        log(f"  {task} {_rows(rows)} {outcome.name}: {outcome.verdict()}")
+        log(f"  {task} {rows_label(rows)} {outcome.name}: {outcome.verdict()}")
         return outcome
 
     try:
@@ -444,7 +423,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             processed = _preprocess(one, measured, agreement, rows, raw, repeats) if rows in preprocess_sizes else None
             if rows in xgboost_sizes:
                 if processed is None:
-                    log(f"  {_rows(rows)}: preparing the splits for xgboost on an uncapped cluster (not measured)")
+                    log(f"  {rows_label(rows)}: preparing the splits for xgboost on an uncapped cluster (not measured)")
                     prepared = measure(PREPROCESS, CLUSTER, rows, raw, scratch / f"prepared-{rows}", 64 * GIB,
                                        deadline)
                     check(prepared.completed, f"preparing {rows:,} rows for xgboost: {prepared.reason}")
@@ -522,7 +501,7 @@ def _values(runs: list[Outcome], what: Callable[[Outcome], float]) -> list[float
 
 
 def _result(config: Config, repeats: int, measured: Measured, agreement: Agreement) -> Result:
-    from benchmarks.preprocess_pandas import _rows, parts_for
+    from benchmarks.preprocess_pandas import parts_for
     from benchmarks.xgboost_dask import QUALITY, booster_params
 
     cap = measured.cap
@@ -530,7 +509,7 @@ def _result(config: Config, repeats: int, measured: Measured, agreement: Agreeme
     for task in (PREPROCESS, XGBOOST):
         for rows in measured.sizes(task):
             base, cand = measured.runs(task, rows, SINGLE), measured.runs(task, rows, CLUSTER)
-            label = f"{task} {_rows(rows)} rows"
+            label = f"{task} {rows_label(rows)} rows"
             metrics.append(Metric(f"{label}: completed under {_cap(cap)} per process (1/0)",
                                   [float(o.completed) for o in base], [float(o.completed) for o in cand],
                                   ratio="candidate/baseline", digits=0))
@@ -647,7 +626,6 @@ def _crossover(measured: Measured, task: str) -> str:
 
 def _growth(measured: Measured, task: str) -> str:
     """How the largest process of each side grew with the rows, where it completed: why one side stops fitting."""
-    from benchmarks.preprocess_pandas import _rows
 
     parts = []
     for side in (SINGLE, CLUSTER):
@@ -656,11 +634,11 @@ def _growth(measured: Measured, task: str) -> str:
         who = "its largest worker" if side == CLUSTER else "the process"
         if len(done) >= 2:
             (r0, m0), (r1, m1) = done[0], done[-1]
-            parts.append(f"{SIDE_NAMES[task, side]}: {who} {_mib(m0)} at {_rows(r0)} rows, {_mib(m1)} at {_rows(r1)} "
-                         f"({r1 / r0:g}x the rows, {m1 / m0:.2f}x the memory)")
+            parts.append(f"{SIDE_NAMES[task, side]}: {who} {_mib(m0)} at {rows_label(r0)} rows, {_mib(m1)} at "
+                         f"{rows_label(r1)} ({r1 / r0:g}x the rows, {m1 / m0:.2f}x the memory)")
         elif done:
-            parts.append(f"{SIDE_NAMES[task, side]}: {who} {_mib(done[0][1])} at {_rows(done[0][0])} rows (the only "
-                         "size it completed)")
+            parts.append(f"{SIDE_NAMES[task, side]}: {who} {_mib(done[0][1])} at {rows_label(done[0][0])} rows "
+                         "(the only size it completed)")
         else:
             parts.append(f"{SIDE_NAMES[task, side]}: completed at no size")
     how = {PREPROCESS: "a preprocess worker holds a few 62,500-row partitions at a time, whatever the rows; the "
@@ -672,14 +650,13 @@ def _growth(measured: Measured, task: str) -> str:
 
 
 def _notes(measured: Measured, fractions: dict[str, float]) -> list[str]:
-    from benchmarks.preprocess_pandas import _rows
 
     notes = [_crossover(measured, PREPROCESS), _crossover(measured, XGBOOST), _growth(measured, PREPROCESS),
              _growth(measured, XGBOOST)]
     for (task, rows, _side), runs in sorted(measured.outcomes.items(), key=lambda kv: (kv[0][0] != PREPROCESS,
                                                                                       kv[0][1], kv[0][2] != SINGLE)):
         for o in runs:
-            line = f"{task} {_rows(rows)}, {o.name}: {o.verdict()}"
+            line = f"{task} {rows_label(rows)}, {o.name}: {o.verdict()}"
             if o.side == CLUSTER:
                 said = [line for line in o.report.get("messages", []) if not line.startswith("split rows")]
                 if said:
@@ -698,7 +675,7 @@ def _notes(measured: Measured, fractions: dict[str, float]) -> list[str]:
     if trees:
         tree, biggest = max(trees, key=lambda t: t[0])
         notes.append(f"the cap bounds each process, not their sum: a completed Dask run's process tree held up to "
-                     f"{_mib(tree)} summed ({biggest.task} {_rows(biggest.rows)}: client {_mib(biggest.root)} and "
+                     f"{_mib(tree)} summed ({biggest.task} {rows_label(biggest.rows)}: client {_mib(biggest.root)} and "
                      f"{WORKERS} workers), {tree / measured.cap:.1f}x the cap, where the single process stays below "
                      f"{fractions['terminate']:g}x the cap. So this is the case of a fixed memory per process (a "
                      "container, a small cluster node); given all of one machine's memory, one process fits what that "

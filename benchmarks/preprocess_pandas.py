@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, side_command, side_report, timed
+from benchmarks.harness import REPO, Config, Metric, Result, check, rows_label, side_command, side_report, timed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -237,10 +237,6 @@ class Size:
         return statistics.median(float(getattr(r, what)) for r in self.runs[side])
 
 
-def _rows(n: int) -> str:
-    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
-
-
 def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
     """One fresh process of ``side`` on ``raw``, writing ``out``."""
     from benchmarks.preprocess_workers import PARAMS
@@ -309,7 +305,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 for side in SIDES[i % len(SIDES):] + SIDES[:i % len(SIDES)]:
                     done = one(side, raw, rows, reference)
                     size.runs[side].append(done)
-                    log(f"  {_rows(rows)} repetition {i + 1}/{repeats} {side}: {done.seconds:.2f} s of work, "
+                    log(f"  {rows_label(rows)} repetition {i + 1}/{repeats} {side}: {done.seconds:.2f} s of work, "
                         f"{done.wall:.2f} s process, {done.peak_mib:.0f} MiB")
             measured.append(size)
             del reference
@@ -325,7 +321,7 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
     metrics: list[Metric] = []
     ratios: dict[int, float] = {}
     for size in sizes:
-        label = _rows(size.rows)
+        label = rows_label(size.rows)
         pandas_s = size.seconds(PANDAS)
         in_process = Metric(f"{label} rows: wall of the work (s), pandas vs in process", pandas_s,
                             size.seconds(IN_PROCESS))

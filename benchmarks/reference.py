@@ -90,28 +90,30 @@ MIB = 2**20
 # --- the process tree's memory -----------------------------------------------------------
 
 
-def tree_rss(root: int) -> int:
-    """Bytes of RSS of ``root`` and all its descendants now (one read of /proc/PID/stat each)."""
-    children: dict[int, list[int]] = {}
+def process_rss(root: int) -> dict[int, int]:
+    """Bytes of RSS (``/proc/PID/status`` VmRSS) of ``root`` and each of its descendants now
+    (children from ``/proc/PID/task/*/children``: a multi-threaded process forks from any thread)."""
     rss: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid ... rss is the 22nd
-        pid = int(entry.name)
-        children.setdefault(int(rest[1]), []).append(pid)
-        rss[pid] = int(rest[21]) * PAGE
-    total, todo = 0, [root]
+    todo = [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo += children.get(pid, [])
-    return total
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmRSS:"):
+                        rss[pid] = int(line.split()[1]) * 1024
+                        break
+            for task in os.scandir(f"/proc/{pid}/task"):
+                with open(os.path.join(task.path, "children"), "rb") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except OSError:  # ended between two reads
+            continue
+    return rss
+
+
+def tree_rss(root: int) -> int:
+    """Bytes of RSS of ``root`` and all its descendants now (:func:`process_rss`, summed)."""
+    return sum(process_rss(root).values())
 
 
 class PeakRss:

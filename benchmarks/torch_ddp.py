@@ -54,7 +54,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command, side_report, timed
+from benchmarks.harness import (
+    REPO,
+    Config,
+    Metric,
+    Result,
+    check,
+    interleaved,
+    rows_label,
+    side_command,
+    side_report,
+    timed,
+)
 from benchmarks.preprocess_workers import cpu_worker_env
 
 if TYPE_CHECKING:
@@ -192,10 +203,6 @@ class Size:
         return float(self.runs[side][0].report["metrics"]["best_valid_loss"])
 
 
-def _rows(n: int) -> str:
-    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
-
-
 def measure(side: str, processed: Path, out: Path, env: dict[str, str]) -> Run:
     """One fresh process of ``side`` training on ``processed``; what it wrote in ``out`` is read and removed."""
     import numpy as np
@@ -246,7 +253,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 counter[0] += 1
                 done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", env)
                 size.runs[side].append(done)
-                log(f"  {_rows(size.rows)} {side}: {done.seconds:.2f} s training, {done.wall:.2f} s process, "
+                log(f"  {rows_label(size.rows)} {side}: {done.seconds:.2f} s training, {done.wall:.2f} s process, "
                     f"{done.peak_mib:.0f} MiB")
                 return done
 
@@ -289,7 +296,7 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
     metrics: list[Metric] = []
     ratios: dict[int, float] = {}
     for size in sizes:
-        label = _rows(size.rows)
+        label = rows_label(size.rows)
         wall = Metric(f"{label} rows: wall of the training call (s)", [r.seconds for r in size.runs[PLAIN]],
                       [r.seconds for r in size.runs[DDP]])
         ratios[size.rows] = statistics.median(wall.ratios())
@@ -388,7 +395,7 @@ def _threads_note(sizes: list[Size]) -> str:
         worker_cores = [statistics.median(r.report["cpu"]["workers"][i] / r.seconds for r in ddp)
                         for i in range(WORKERS)]
         client_cores = statistics.median(r.report["cpu"]["process"] / r.seconds for r in ddp)
-        parts.append(f"{_rows(size.rows)} rows: one process {plain_cores:.2f} cores, DDP workers "
+        parts.append(f"{rows_label(size.rows)} rows: one process {plain_cores:.2f} cores, DDP workers "
                      f"{' and '.join(f'{c:.2f}' for c in worker_cores)} cores, the DDP client process (client and "
                      f"scheduler) {client_cores:.2f}")
     plain_threads = sorted({t for size in sizes for r in size.runs[PLAIN] for t in r.report["threads"]})
