@@ -45,6 +45,7 @@ GOAL = 1.15  # the candidate's wall at most this times the baseline's
 TOLERANCE = 1e-6  # "the same model": predictions this close
 QUALITY = 0.02  # the two models' best valid logloss at most this far apart, relative
 PLAIN, DASK = "xgb.train", "xgboost.dask"
+PROFILE_ROUNDS = 100  # the profile's short runs: fixed cost and cost per round from two lengths
 
 
 def booster_params(threads: int | None) -> tuple[dict[str, Any], int, int]:
@@ -60,7 +61,8 @@ def booster_params(threads: int | None) -> tuple[dict[str, Any], int, int]:
 
 
 def side_main(argv: list[str]) -> int:
-    """``xgb.train|xgboost.dask PROCESSED PREDICTIONS.npy``: train once, print one JSON line."""
+    """``xgb.train|xgboost.dask PROCESSED PREDICTIONS.npy [ROUNDS]``: train once, print one JSON line;
+    ROUNDS: that many rounds, no early stopping (the profile's short runs)."""
     side, processed, predictions = argv[0], Path(argv[1]), Path(argv[2])
     import dask.dataframe as dd
     import numpy as np
@@ -71,6 +73,9 @@ def side_main(argv: list[str]) -> int:
     from conveyor.train.xgb import train_xgboost
 
     params, rounds, patience = booster_params(2 if side == PLAIN else None)
+    stop: int | None = patience
+    if len(argv) > 3:
+        rounds, stop = int(argv[3]), None
     split = {name: dd.read_parquet(str(processed / name)) for name in ("train", "valid")}
     features = [c for c in split["train"].columns if c != LABEL]
     report: dict[str, Any] = {"side": side}
@@ -78,7 +83,7 @@ def side_main(argv: list[str]) -> int:
     def train(client: Client | None) -> Any:
         started = time.perf_counter()
         trained = train_xgboost(client, params, split["train"], valid=split["valid"], label=LABEL,
-                                features=features, num_boost_round=rounds, early_stopping_rounds=patience)
+                                features=features, num_boost_round=rounds, early_stopping_rounds=stop)
         report["seconds"] = time.perf_counter() - started
         return trained
 
@@ -116,24 +121,30 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     wall = Metric("wall of the training call (s)")
     whole = Metric("wall of the whole process (s)")
     peak = Metric("peak RSS of the process tree (MiB)", digits=0)
+    short = Metric(f"wall of the training call, {PROFILE_ROUNDS} rounds (s)")
     reports: dict[str, list[dict[str, Any]]] = {PLAIN: [], DASK: []}
+    profile: dict[str, list[dict[str, Any]]] = {PLAIN: [], DASK: []}
     try:
         log(f"{NAME}: generating and preprocessing {rows:,} synthetic rows (not timed)")
         generate(root / "raw", rows, max(1, rows // ROWS_PER_PART))
         stats = preprocess(root / "raw", root / "processed", label=LABEL, seed=SEED)
         counter = [0]
 
-        def measure(side: str) -> tuple[float, float, float]:
+        def measure(side: str, rounds: int | None = None) -> tuple[float, float, float]:
             counter[0] += 1
             predictions = root / f"predictions-{counter[0]}.npy"
-            args = side_command("benchmarks.xgboost_dask", side, str(root / "processed"), str(predictions))
+            args = side_command("benchmarks.xgboost_dask", side, str(root / "processed"), str(predictions),
+                                *([] if rounds is None else [str(rounds)]))
             seconds, mib, stdout = execute(args, REPO, repo_env(), side)
             report = side_report(stdout, side)
             report["predictions"] = np.load(predictions)
-            reports[side].append(report)
+            (reports if rounds is None else profile)[side].append(report)
             return float(report["seconds"]), seconds, mib
 
         base, cand = interleaved(repeats, lambda _i: measure(PLAIN), lambda _i: measure(DASK), log)
+        log(f"{NAME}: profile: {repeats} interleaved repetitions of {PROFILE_ROUNDS} rounds, no early stopping")
+        short_base, short_cand = interleaved(repeats, lambda _i: measure(PLAIN, PROFILE_ROUNDS),
+                                             lambda _i: measure(DASK, PROFILE_ROUNDS), log)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     first, other = reports[PLAIN][0], reports[DASK][0]
@@ -151,13 +162,16 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     wall.baseline, wall.candidate = [b[0] for b in base], [c[0] for c in cand]
     whole.baseline, whole.candidate = [b[1] for b in base], [c[1] for c in cand]
     peak.baseline, peak.candidate = [b[2] for b in base], [c[2] for c in cand]
+    short.baseline, short.candidate = [b[0] for b in short_base], [c[0] for c in short_cand]
     share = statistics.median(c / b for b, c in zip(wall.baseline, wall.candidate, strict=True))
+    costs = {side: _costs(full, cut, reports[side], profile[side])
+             for side, full, cut in ((PLAIN, wall.baseline, short.baseline), (DASK, wall.candidate, short.candidate))}
     start = statistics.median(float(r["start"]) for r in reports[DASK])
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="conveyor.train.xgb.train_xgboost(None, ...): xgb.train(nthread=2) in one process",
         candidate="train_xgboost(client, ...) on a LocalCluster(n_workers=2, threads_per_worker=1): xgboost.dask",
-        repeats=repeats, metrics=[wall, whole, peak],
+        repeats=repeats, metrics=[wall, short, whole, peak],
         setup={"data": f"{rows:,} synthetic HIGGS-shaped rows (28 float32 features), split by "
                        f"benchmarks/plain_preprocess.py: {stats['rows']}",
                "params": json.dumps(booster_params(None)),
@@ -166,6 +180,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                           f"configs/scale.yaml sets it (worker_env {json.dumps(cpu_worker_env())})"},
         checks=["each side trained the same model on every repetition (best iteration, predictions on the valid "
                 "split bit for bit)",
+                f"the profile's runs trained {PROFILE_ROUNDS} rounds, the others more",
                 f"the two sides' best valid logloss within {QUALITY:.0%} of each other"],
         notes=[f"goal (issue 14): xgboost.dask on 2 workers within {GOAL:g}x of xgb.train(nthread=2); measured "
                f"{share:.2f}x (median of per-repetition quotients): {'met' if share <= GOAL else 'NOT met'}",
@@ -177,6 +192,36 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                   "sketch, so 2 workers cut the features in other places than one process (on the reference "
                   "pipeline's 370 training rows the sketches are exact and the boosters byte for byte equal)"),
                f"starting the cluster and importing xgboost in its workers took {start:.2f} s (median), on top of "
-               "the candidate's training wall: what a run pays when the stage starts the cluster"],
+               "the candidate's training wall: what a run pays when the stage starts the cluster",
+               *_profile_notes(costs)],
     )
 
+
+
+def _costs(full: list[float], cut: list[float], reports: list[dict[str, Any]],
+           short: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """(fixed s, s per round, full rounds) of one side, from its full and its PROFILE_ROUNDS runs (medians)."""
+    rounds = int(reports[0]["rounds"])
+    check(all(int(r["rounds"]) == PROFILE_ROUNDS for r in short) and rounds > PROFILE_ROUNDS,
+          f"the profile's runs trained {sorted({int(r['rounds']) for r in short})} rounds, the full ones {rounds}: "
+          f"expected {PROFILE_ROUNDS} and more")
+    per_round = (statistics.median(full) - statistics.median(cut)) / (rounds - PROFILE_ROUNDS)
+    return statistics.median(cut) - PROFILE_ROUNDS * per_round, per_round, rounds
+
+
+def _profile_notes(costs: dict[str, tuple[float, float, int]]) -> list[str]:
+    """Where the candidate's time goes beyond the baseline's: the part every run pays once (reading the rows,
+    pinning them, the DMatrix and its quantile sketch, the workers' collective set-up) and the part each round
+    pays (building the trees' histograms, the allreduce between the workers, evaluating the valid split)."""
+    (plain_fixed, plain_round, rounds), (dask_fixed, dask_round, _) = costs[PLAIN], costs[DASK]
+    once, each = dask_fixed - plain_fixed, dask_round - plain_round
+    return [
+        f"profile (medians of the {PROFILE_ROUNDS}-round and the {rounds}-round runs, T = fixed + rounds x per round): "
+        f"xgb.train fixed {plain_fixed:.2f} s, {plain_round * 1e3:.1f} ms per round; xgboost.dask fixed "
+        f"{dask_fixed:.2f} s, {dask_round * 1e3:.1f} ms per round",
+        f"profile: of xgboost.dask's {once + rounds * each:+.2f} s over xgb.train at {rounds} rounds, {once:+.2f} s "
+        "is paid once (reading, pinning the rows to the workers, DaskDMatrix, the merged quantile sketch, the "
+        f"collective's set-up) and {rounds * each:+.2f} s in the rounds ({each * 1e3:+.1f} ms each: histograms "
+        "built by one thread per worker, summed by an allreduce between the two processes, and the valid split "
+        "evaluated on both)",
+    ]
