@@ -75,7 +75,10 @@ if TYPE_CHECKING:
 
 NAME = "torch-ddp"
 DESCRIPTION = "the reference MLP with torch DDP on 2 Dask workers vs in one process (2 threads), same rows and params"
-SIZES, QUICK_SIZES = (100_000, 1_000_000), (100_000,)
+WIDE = [512, 512]  # hidden layers of the wide model: ~280k weights, ~70x the reference MLP's work per row
+# (rows, hidden layers; None: the reference MLP's): where DDP's all-reduce is a smaller share of a step
+SIZES: tuple[tuple[int, list[int] | None], ...] = ((100_000, None), (1_000_000, None), (100_000, WIDE))
+QUICK_SIZES: tuple[tuple[int, list[int] | None], ...] = ((100_000, None),)
 ROWS_PER_PART = 62_500
 LABEL = "target"
 EPOCHS = 5  # max_epochs and patience: every run trains exactly this many epochs
@@ -84,12 +87,14 @@ PLAIN, DDP = "one-process", "ddp"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def reference_params() -> tuple[dict[str, Any], int]:
-    """params.yaml's ``scale.train.mlp`` with ``max_epochs`` and ``patience`` set to ``EPOCHS``, and the seed."""
+def reference_params(hidden: list[int] | None = None) -> tuple[dict[str, Any], int]:
+    """params.yaml's ``scale.train.mlp`` with ``max_epochs`` and ``patience`` set to ``EPOCHS`` (and
+    ``hidden`` where given), and the seed."""
     import yaml
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    return {**params["scale"]["train"]["mlp"], "max_epochs": EPOCHS, "patience": EPOCHS}, int(params["seed"])
+    mlp = {**params["scale"]["train"]["mlp"], "max_epochs": EPOCHS, "patience": EPOCHS}
+    return mlp | ({"hidden": hidden} if hidden is not None else {}), int(params["seed"])
 
 
 # --- one side, in its own process ---------------------------------------------------------
@@ -115,7 +120,8 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def side_main(argv: list[str]) -> int:
-    """``one-process|ddp PROCESSED OUT``: ``tasks.train:mlp_model`` once, writing into OUT; print one JSON line.
+    """``one-process|ddp PROCESSED OUT [HIDDEN]``: ``tasks.train:mlp_model`` once, writing into OUT; print one
+    JSON line. HIDDEN: the hidden layers as JSON (default: the reference MLP's).
 
     ``seconds``: the task alone; ``cpu``: CPU seconds over the task, of this process and (ddp)
     of each worker; ``threads``: torch's threads (ddp: each worker's default, before
@@ -136,7 +142,7 @@ def side_main(argv: list[str]) -> int:
     from tasks import models
     from tasks.train import mlp_model
 
-    params, seed = reference_params()
+    params, seed = reference_params(json.loads(argv[3]) if len(argv) > 3 else None)
     report: dict[str, Any] = {"side": side}
 
     def train(client: Client | None) -> None:
@@ -193,24 +199,34 @@ class Size:
     """Everything measured at one number of rows."""
 
     rows: int
+    hidden: list[int] | None  # None: the reference MLP's
     splits: dict[str, int]
     runs: dict[str, list[Run]] = field(default_factory=lambda: {PLAIN: [], DDP: []})
 
     def median(self, side: str, what: str) -> float:
         return statistics.median(float(getattr(r, what)) for r in self.runs[side])
 
+    @property
+    def label(self) -> str:
+        return f"{rows_label(self.rows)} rows" + ("" if self.hidden is None else f", hidden {self.hidden}")
+
+    @property
+    def what(self) -> str:
+        return f"{self.rows:,} rows" + ("" if self.hidden is None else f" with hidden layers {self.hidden}")
+
     def loss(self, side: str) -> float:
         return float(self.runs[side][0].report["metrics"]["best_valid_loss"])
 
 
-def measure(side: str, processed: Path, out: Path, env: dict[str, str]) -> Run:
+def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: list[int] | None) -> Run:
     """One fresh process of ``side`` training on ``processed``; what it wrote in ``out`` is read and removed."""
     import numpy as np
 
     from benchmarks.reference import execute
     from tasks import models
 
-    args = side_command("benchmarks.torch_ddp", side, str(processed), str(out))
+    args = side_command("benchmarks.torch_ddp", side, str(processed), str(out),
+                        *([] if hidden is None else [json.dumps(hidden)]))
     wall, peak, stdout = execute(args, REPO, env, side)
     report = side_report(stdout, side)
     metrics = report["metrics"]
@@ -240,33 +256,35 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     env = repo_env()
     measured: list[Size] = []
     counter = [0]
+    splits: dict[int, dict[str, int]] = {}  # rows -> rows per split, of data generated already
     try:
-        for rows in sizes:
+        for rows, hidden in sizes:
             data = root / f"data-{rows}"
-            log(f"{NAME}: generating and preprocessing {rows:,} synthetic rows (not timed)")
-            generate(data / "raw", rows, max(1, rows // ROWS_PER_PART))
-            stats = preprocess(data / "raw", data / "processed", label=LABEL, seed=seed)
-            shutil.rmtree(data / "raw")
-            size = Size(rows, {split: int(n) for split, n in stats["rows"].items()})
+            if rows not in splits:
+                log(f"{NAME}: generating and preprocessing {rows:,} synthetic rows (not timed)")
+                generate(data / "raw", rows, max(1, rows // ROWS_PER_PART))
+                stats = preprocess(data / "raw", data / "processed", label=LABEL, seed=seed)
+                shutil.rmtree(data / "raw")
+                splits[rows] = {split: int(n) for split, n in stats["rows"].items()}
+            size = Size(rows, hidden, splits[rows])
 
             def one(side: str, size: Size = size, processed: Path = data / "processed") -> Run:
                 counter[0] += 1
-                done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", env)
+                done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", env, size.hidden)
                 size.runs[side].append(done)
-                log(f"  {rows_label(size.rows)} {side}: {done.seconds:.2f} s training, {done.wall:.2f} s process, "
+                log(f"  {size.label} {side}: {done.seconds:.2f} s training, {done.wall:.2f} s process, "
                     f"{done.peak_mib:.0f} MiB")
                 return done
 
-            log(f"{NAME}: {rows:,} rows ({size.splits['train']:,} to train on): {repeats} interleaved repetitions")
+            log(f"{NAME}: {size.what} ({size.splits['train']:,} to train on): {repeats} interleaved repetitions")
             interleaved(repeats, lambda _i: one(PLAIN), lambda _i: one(DDP), log)
             measured.append(size)
-            shutil.rmtree(data)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for size in measured:  # each side is deterministic: the same weights on every repetition
         for side in (PLAIN, DDP):
             digests = {r.report["sha256"] for r in size.runs[side]}
-            check(len(digests) == 1, f"{side}: {size.rows:,} rows: repetitions trained different weights "
+            check(len(digests) == 1, f"{side}: {size.what}: repetitions trained different weights "
                                      f"({', '.join(d[:12] for d in sorted(digests))})")
     dynamo = _dynamo_import_seconds()
     return _result(config, repeats, measured, dynamo)
@@ -294,16 +312,15 @@ def _apart(size: Size) -> tuple[bool, float]:
 def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | None) -> Result:
     params, seed = reference_params()
     metrics: list[Metric] = []
-    ratios: dict[int, float] = {}
+    ratios: dict[str, float] = {}
     for size in sizes:
-        label = rows_label(size.rows)
-        wall = Metric(f"{label} rows: wall of the training call (s)", [r.seconds for r in size.runs[PLAIN]],
+        wall = Metric(f"{size.label}: wall of the training call (s)", [r.seconds for r in size.runs[PLAIN]],
                       [r.seconds for r in size.runs[DDP]])
-        ratios[size.rows] = statistics.median(wall.ratios())
+        ratios[size.label] = statistics.median(wall.ratios())
         metrics += [wall,
-                    Metric(f"{label} rows: wall of the whole process (s)", [r.wall for r in size.runs[PLAIN]],
+                    Metric(f"{size.label}: wall of the whole process (s)", [r.wall for r in size.runs[PLAIN]],
                            [r.wall for r in size.runs[DDP]]),
-                    Metric(f"{label} rows: peak RSS of the process tree (MiB)",
+                    Metric(f"{size.label}: peak RSS of the process tree (MiB)",
                            [r.peak_mib for r in size.runs[PLAIN]], [r.peak_mib for r in size.runs[DDP]], digits=0)]
     return Result(
         name=NAME, description=DESCRIPTION,
@@ -313,9 +330,10 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
         repeats=repeats, metrics=metrics,
         setup={"data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features), split "
                        "and standardised by benchmarks/plain_preprocess.py (not timed): "
-                       + "; ".join(f"{s.rows:,} rows: {s.splits}" for s in sizes),
+                       + "; ".join(f"{n:,} rows: {split}" for n, split in {s.rows: s.splits for s in sizes}.items()),
                "params": f"train.mlp = params.yaml scale.train.mlp with max_epochs and patience {EPOCHS} (exactly "
-                         f"{EPOCHS} epochs, best weights kept): {json.dumps(params)}; seed {seed}",
+                         f"{EPOCHS} epochs, best weights kept): {json.dumps(params)}; seed {seed}; the wide model: "
+                         f"the same with hidden {WIDE}",
                "one process": "torch.set_num_threads(2), deterministic kernels and a seeded RNG "
                               "(tasks.train: deterministic_torch); shuffles with torch.randperm, batches of "
                               f"{params['batch_size']}",
@@ -339,32 +357,32 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
     )
 
 
-def _notes(config: Config, sizes: list[Size], ratios: dict[int, float], dynamo: float | None) -> list[str]:
+def _notes(config: Config, sizes: list[Size], ratios: dict[str, float], dynamo: float | None) -> list[str]:
     batch = int(reference_params()[0]["batch_size"])
     notes = ["goal (issue 14, item 3): the comparison reported; no threshold"]
     for size in sizes:
-        ratio = ratios[size.rows]
+        ratio = ratios[size.label]
         verdict = f"DDP {ratio:.2f}x faster" if ratio >= 1 else f"DDP {1 / ratio:.2f}x slower"
         steps = math.ceil(size.splits["train"] / batch) * EPOCHS
         plain_s, ddp_s = size.median(PLAIN, "seconds"), size.median(DDP, "seconds")
         notes.append(
-            f"{size.rows:,} rows ({size.splits['train']:,} to train on): the training call took {plain_s:.2f} s in "
+            f"{size.what} ({size.splits['train']:,} to train on): the training call took {plain_s:.2f} s in "
             f"one process, {ddp_s:.2f} s with DDP: {verdict} (median of per-repetition ratios {ratio:.2f}x); "
             f"{steps:,} optimiser steps of {batch} rows, so about {plain_s / steps * 1e3:.2f} vs "
             f"{ddp_s / steps * 1e3:.2f} ms a step, fixed costs included; the whole process "
             f"{size.median(PLAIN, 'wall'):.2f} s vs {size.median(DDP, 'wall'):.2f} s, peak RSS "
             f"{size.median(PLAIN, 'peak_mib'):.0f} vs {size.median(DDP, 'peak_mib'):.0f} MiB (medians)")
-    wins = [f"{size.rows:,} rows ({ratios[size.rows]:.2f}x)" for size in sizes if ratios[size.rows] > 1]
-    best = max(sizes, key=lambda s: ratios[s.rows])
-    ran = ", ".join(f"{s.rows:,}" for s in sizes) + (" rows; --quick" if config.quick else " rows")
+    wins = [f"{size.what} ({ratios[size.label]:.2f}x)" for size in sizes if ratios[size.label] > 1]
+    best = max(sizes, key=lambda s: ratios[s.label])
+    ran = "; ".join(s.what for s in sizes) + ("; --quick" if config.quick else "")
     notes.append(f"DDP on 2 workers pays at {', '.join(wins)} (measured: {ran})" if wins else
                  f"DDP on 2 workers does not pay at any size measured ({ran}): one process with 2 threads is faster "
-                 f"at every size (closest: {ratios[best.rows]:.2f}x at {best.rows:,} rows)")
+                 f"at every size (closest: {ratios[best.label]:.2f}x at {best.what})")
     for size in sizes:
         same, apart = _apart(size)
         plain, ddp = size.loss(PLAIN), size.loss(DDP)
         notes.append(
-            f"{size.rows:,} rows: the same weights on both sides: {'yes' if same else 'no'} (largest difference "
+            f"{size.what}: the same weights on both sides: {'yes' if same else 'no'} (largest difference "
             f"{apart:.3g}); best valid loss {plain:.6f} in one process (epoch "
             f"{size.runs[PLAIN][0].report['metrics']['best_epoch']}), {ddp:.6f} with DDP (epoch "
             f"{size.runs[DDP][0].report['metrics']['best_epoch']}): {abs(ddp - plain):.2g} apart "
@@ -395,7 +413,7 @@ def _threads_note(sizes: list[Size]) -> str:
         worker_cores = [statistics.median(r.report["cpu"]["workers"][i] / r.seconds for r in ddp)
                         for i in range(WORKERS)]
         client_cores = statistics.median(r.report["cpu"]["process"] / r.seconds for r in ddp)
-        parts.append(f"{rows_label(size.rows)} rows: one process {plain_cores:.2f} cores, DDP workers "
+        parts.append(f"{size.label}: one process {plain_cores:.2f} cores, DDP workers "
                      f"{' and '.join(f'{c:.2f}' for c in worker_cores)} cores, the DDP client process (client and "
                      f"scheduler) {client_cores:.2f}")
     plain_threads = sorted({t for size in sizes for r in size.runs[PLAIN] for t in r.report["threads"]})
