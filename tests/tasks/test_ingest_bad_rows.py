@@ -38,7 +38,7 @@ def options(on_bad_rows: str = "error", dtype: str | dict[str, str] | None = "fl
 def parse(text: str, opts: CsvOptions, rows_per_part: int | None = None) -> tuple[list[pd.DataFrame], list[BadRow]]:
     bad: list[BadRow] = []
     numbered = dict(read_csv(text.encode(), opts, skip_rows=opts.skip_rows, rows_per_part=rows_per_part, bad=bad))
-    return [numbered[i] for i in sorted(numbered)], bad
+    return [numbered[i].to_pandas() for i in sorted(numbered)], bad
 
 
 def test_skip_leaves_out_every_bad_row_and_names_its_line() -> None:
@@ -78,6 +78,27 @@ def test_lines_are_counted_across_arrow_blocks_and_parts(monkeypatch: pytest.Mon
     kept = pd.concat(frames, ignore_index=True)
     assert kept["a"].tolist() == [i for i in range(1, 200) if i not in (57, 120, 150)]
     assert str(kept["a"].dtype) == "int64"
+
+
+def test_clean_numbers_are_written_as_pandas_writes_them(tmp_path: Path) -> None:
+    """Numbers and booleans go from Arrow's parser to the parquet writer without pandas, and the part is
+    the same bytes as ``DataFrame.to_parquet(index=False)`` of the same rows (a missing float is null)."""
+    import pyarrow.parquet as pq
+
+    text = "a,b,label\n1.5,2,true\n,3,false\n2.5,4,true\n"
+    opts = options(dtype={"a": "float64", "b": "int64", "label": "bool"})
+    [(number, table)] = list(read_csv(text.encode(), opts, skip_rows=1, rows_per_part=None, bad=[]))
+    assert number == 0
+    frame = pd.DataFrame({"a": [1.5, float("nan"), 2.5], "b": [2, 3, 4], "label": [True, False, True]})
+    pq.write_table(table, tmp_path / "arrow.parquet", write_page_checksum=True)
+    frame.to_parquet(tmp_path / "pandas.parquet", index=False, write_page_checksum=True)
+    assert (tmp_path / "arrow.parquet").read_bytes() == (tmp_path / "pandas.parquet").read_bytes()
+
+
+def test_a_missing_integer_is_refused_naming_its_column() -> None:
+    opts = options(dtype={"a": "float64", "b": "int64", "label": "int64"})
+    with pytest.raises(ValueError, match="column 'b'"):
+        parse("a,b,label\n1,2,0\n3,,1\n", opts)
 
 
 def test_an_integer_column_refuses_a_fraction() -> None:

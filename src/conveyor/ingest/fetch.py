@@ -299,17 +299,19 @@ class IngestRun:
         """Parse CSV rows into parts as they are read (``part-I`` for a block, ``part-I-K``
         per chunk of a file); a bad row, or a parse error, names the source and the place.
         Rows left out (``on_bad_rows: skip``) go to ``_bad_rows/part-I.csv``."""
+        import pyarrow.parquet as pq
+
         csv = self.params.csv
         assert csv is not None  # URL sources always have CSV options
         rows, bad = 0, list[BadRow]()
         block = rows_per_part is None  # lines are counted from the block's start
         try:
             written: dict[int, int] = {}  # rows of each part (a second pass rewrites them)
-            for chunk, frame in read_csv(src, csv, skip_rows=csv.skip_rows if skip_rows is None else skip_rows,
+            for chunk, table in read_csv(src, csv, skip_rows=csv.skip_rows if skip_rows is None else skip_rows,
                                          rows_per_part=rows_per_part, bad=bad):
                 path = part_path(self.out, index, None if rows_per_part is None else chunk)
-                write_atomically(path, partial(frame.to_parquet, index=False, write_page_checksum=True))
-                written[chunk] = len(frame)
+                write_atomically(path, partial(pq.write_table, table, write_page_checksum=True))
+                written[chunk] = table.num_rows
             rows = sum(written.values())
         except BadRowError as exc:
             raise SourceError(file.url, f"{where}: {exc.message(block=block)}") from None

@@ -1,4 +1,4 @@
-"""CSV rows into frames, strictly: a row with too few or too many fields, or a value its
+"""CSV rows into Arrow tables, strictly: a row with too few or too many fields, or a value its
 column's dtype cannot hold, is a bad row, never padded, shifted or guessed.
 
 pandas' parser pads a short row with NaN and, when every row has one field more than the
@@ -11,11 +11,15 @@ row can be named by its line. ``ingest.on_bad_rows`` says what a bad row does:
 
 Values are converted by Arrow to the declared dtype; where that fails (a word in a float
 column) the block is read again as text and each value checked, which finds every bad row
-and its column. Clean data never takes that path.
+and its column. Clean data never takes that path. Numbers and booleans stay in Arrow from
+the parser to the parquet writer; other dtypes (``string``, ``category``, nullable ``Int64``,
+inferred ones) are converted by pandas. Either way a table carries the pandas metadata that
+``DataFrame.to_parquet(index=False)`` would write, so the parts are the same bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 from collections.abc import Iterator
@@ -72,13 +76,13 @@ class _Unconvertible(Exception):
 
 
 def read_csv(src: Path | bytes, options: CsvOptions, *, skip_rows: int, rows_per_part: int | None,
-             bad: list[BadRow]) -> Iterator[tuple[int, pd.DataFrame]]:
-    """The rows of ``src`` as numbered frames of ``rows_per_part`` rows (None: one frame); the
+             bad: list[BadRow]) -> Iterator[tuple[int, pa.Table]]:
+    """The rows of ``src`` as numbered tables of ``rows_per_part`` rows (None: one table); the
     rows left out are appended to ``bad``. Raises :class:`BadRowError` at the first bad row when
     ``options.on_bad_rows`` is ``error``.
 
     A number may come again, after a value Arrow could not convert: the second pass over
-    ``src`` yields every frame again, and a later frame replaces the earlier one of its number.
+    ``src`` yields every table again, and a later table replaces the earlier one of its number.
     """
     start = len(bad)
     try:
@@ -116,7 +120,7 @@ def _renumber(src: Path | bytes, rows: list[BadRow]) -> list[BadRow]:
 
 
 def _frames(src: Path | bytes, options: CsvOptions, skip_rows: int, rows_per_part: int | None,
-            bad: list[BadRow], *, typed: bool) -> Iterator[pd.DataFrame]:
+            bad: list[BadRow], *, typed: bool) -> Iterator[pa.Table]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -134,7 +138,8 @@ def _frames(src: Path | bytes, options: CsvOptions, skip_rows: int, rows_per_par
     types = {c: t for c in options.columns if (t := _arrow_type(options, c)) is not None} if typed else \
         {c: pa.string() for c in options.columns}
     lines = _LineCounter(skip_rows)
-    held: list[pd.DataFrame] = []
+    native = typed and _arrow_native(options)
+    held: list[pa.Table] = []
     count = 0
     try:  # Arrow reads (and converts) the first block when the reader opens
         reader = pacsv.open_csv(
@@ -146,14 +151,18 @@ def _frames(src: Path | bytes, options: CsvOptions, skip_rows: int, rows_per_par
                                                  quoted_strings_can_be_null=True),
         )
         for batch in reader:
-            frame = batch.to_pandas()
-            numbers = lines.advance(len(frame), skipped)
+            numbers = lines.advance(batch.num_rows, skipped)
             skipped.clear()
             bad.extend(wrong_shape)
             wrong_shape.clear()
-            frame = _cast(frame, options) if typed else _convert(frame, options, numbers, bad)
-            held.append(frame)
-            count += len(frame)
+            if native and not _nulls_to_cast(batch):
+                table = pa.Table.from_batches([batch]).replace_schema_metadata(_pandas_metadata(batch.schema))
+            else:
+                frame = batch.to_pandas()
+                frame = _cast(frame, options) if typed else _convert(frame, options, numbers, bad)
+                table = pa.Table.from_pandas(frame, preserve_index=False)
+            held.append(table)
+            count += table.num_rows
             while rows_per_part is not None and count >= rows_per_part:
                 chunk, held, count = _take(held, rows_per_part)
                 yield chunk
@@ -169,9 +178,7 @@ def _frames(src: Path | bytes, options: CsvOptions, skip_rows: int, rows_per_par
         raise
     bad.extend(wrong_shape)  # rows of the last block, if Arrow reported them after its last batch
     if held and count:
-        import pandas as pd
-
-        yield pd.concat(held, ignore_index=True) if len(held) > 1 else held[0].reset_index(drop=True)
+        yield pa.concat_tables(held).combine_chunks()
 
 
 class _LineCounter:
@@ -198,11 +205,43 @@ class _LineCounter:
         return numbers
 
 
-def _take(held: list[pd.DataFrame], n: int) -> tuple[pd.DataFrame, list[pd.DataFrame], int]:
-    import pandas as pd
+def _take(held: list[pa.Table], n: int) -> tuple[pa.Table, list[pa.Table], int]:
+    import pyarrow as pa
 
-    whole = pd.concat(held, ignore_index=True)
-    return whole.iloc[:n].reset_index(drop=True), [whole.iloc[n:]], len(whole) - n
+    whole = pa.concat_tables(held).combine_chunks()
+    return whole.slice(0, n), [whole.slice(n)], whole.num_rows - n
+
+
+def _arrow_native(options: CsvOptions) -> bool:
+    """Whether every column has a declared dtype Arrow converts to itself (numbers, booleans):
+    then pandas would only add its metadata."""
+    import numpy as np
+
+    for column in options.columns:
+        dtype = _dtype(options, column)
+        try:
+            if dtype is None or np.dtype(dtype).kind not in "fiub":
+                return False
+        except TypeError:
+            return False
+    return True
+
+
+def _nulls_to_cast(batch: pa.RecordBatch) -> bool:
+    """Whether a column other than a float one has a missing value: pandas decides what becomes of it
+    (an int column cannot hold one)."""
+    import pyarrow.types as types
+
+    return any(column.null_count and not types.is_floating(column.type) for column in batch.columns)
+
+
+@functools.lru_cache(maxsize=16)
+def _pandas_metadata(schema: pa.Schema) -> dict[bytes, bytes]:
+    """The schema metadata ``pa.Table.from_pandas(frame, preserve_index=False)`` gives a frame of ``schema``."""
+    import pyarrow as pa
+
+    metadata = pa.Table.from_pandas(schema.empty_table().to_pandas(), preserve_index=False).schema.metadata
+    return dict(metadata or {})
 
 
 def _dtype(options: CsvOptions, column: str) -> Any:
