@@ -377,7 +377,10 @@ def _notes(config: Config, sizes: list[Size], ratios: dict[str, float], dynamo: 
     ran = "; ".join(s.what for s in sizes) + ("; --quick" if config.quick else "")
     notes.append(f"DDP on 2 workers pays at {', '.join(wins)} (measured: {ran})" if wins else
                  f"DDP on 2 workers does not pay at any size measured ({ran}): one process with 2 threads is faster "
-                 f"at every size (closest: {ratios[best.label]:.2f}x at {best.what})")
+                 f"at every size (closest: {ratios[best.label]:.2f}x at {best.what}); on one machine both sides have "
+                 f"the same {os.cpu_count()} cores, so ranks can only add their all-reduce and the split of each "
+                 "step's matrix products into two processes: DDP pays where each rank brings hardware of its own (a "
+                 "GPU, a machine)")
     for size in sizes:
         same, apart = _apart(size)
         plain, ddp = size.loss(PLAIN), size.loss(DDP)
