@@ -138,7 +138,8 @@ def _frames(src: Path | bytes, options: CsvOptions, skip_rows: int, rows_per_par
     types = {c: t for c in options.columns if (t := _arrow_type(options, c)) is not None} if typed else \
         {c: pa.string() for c in options.columns}
     lines = _LineCounter(skip_rows)
-    native = typed and _arrow_native(options)
+    # every column a number or boolean Arrow converts to itself: pandas would only add its metadata
+    native = typed and len(types) == len(options.columns) and not any(map(pa.types.is_string, types.values()))
     held: list[pa.Table] = []
     count = 0
     try:  # Arrow reads (and converts) the first block when the reader opens
@@ -210,21 +211,6 @@ def _take(held: list[pa.Table], n: int) -> tuple[pa.Table, list[pa.Table], int]:
 
     whole = pa.concat_tables(held).combine_chunks()
     return whole.slice(0, n), [whole.slice(n)], whole.num_rows - n
-
-
-def _arrow_native(options: CsvOptions) -> bool:
-    """Whether every column has a declared dtype Arrow converts to itself (numbers, booleans):
-    then pandas would only add its metadata."""
-    import numpy as np
-
-    for column in options.columns:
-        dtype = _dtype(options, column)
-        try:
-            if dtype is None or np.dtype(dtype).kind not in "fiub":
-                return False
-        except TypeError:
-            return False
-    return True
 
 
 def _nulls_to_cast(batch: pa.RecordBatch) -> bool:
