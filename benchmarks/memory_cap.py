@@ -18,8 +18,9 @@ the scheduler and the nannies), is watched by this benchmark's sampler and its p
 group SIGKILLed above the same 0.95 C. Address-space limits (RLIMIT_AS, RLIMIT_DATA) are
 not used: pyarrow's and glibc's reserved address space trips them far below real use.
 ``C`` is 1.25 GiB (``--quick``: 640 MiB), chosen so that the crossover falls inside the
-sizes measured: 1, 2, 4 and 8 million rows for preprocess, 1, 2 and 4 million for xgboost
-(``--quick``: 250k, 500k, 1M and 250k, 500k).
+sizes measured: 1, 2, 4 and 10 million rows for preprocess (10M rows are 1.34 GiB in memory,
+more than one worker's cap), 1, 2 and 4 million for xgboost (``--quick``: 250k, 500k, 1M and
+250k, 500k).
 
 Two tasks, each side a fresh process per measurement, sizes ascending:
 
@@ -81,7 +82,7 @@ DESCRIPTION = ("under one memory cap per process: from which size one pandas/xgb
                "and a 2-worker Dask cluster does")
 MIB, GIB = 2**20, 2**30
 FULL_CAP, QUICK_CAP = 5 * GIB // 4, 640 * MIB
-FULL_PREPROCESS, QUICK_PREPROCESS = (1_000_000, 2_000_000, 4_000_000, 8_000_000), (250_000, 500_000, 1_000_000)
+FULL_PREPROCESS, QUICK_PREPROCESS = (1_000_000, 2_000_000, 4_000_000, 10_000_000), (250_000, 500_000, 1_000_000)
 FULL_XGBOOST, QUICK_XGBOOST = (1_000_000, 2_000_000, 4_000_000), (250_000, 500_000)
 FULL_DEADLINE_S, QUICK_DEADLINE_S = 300.0, 120.0  # a Dask side still running then is stopped: not completed
 WORKERS = 2

@@ -10,8 +10,11 @@ the one process a user would write, on the same rows and params? Both sides call
   threads_per_worker=1)`` started in the same process before the clock starts (its start is
   in a note): rows pinned to the workers in rank order, ``DaskDMatrix``, ``xgb.dask.train``.
 
-Data: synthetic HIGGS-shaped rows (``conveyor.ingest.synthetic``, seed 42), split and
-standardised once by ``benchmarks/plain_preprocess.py`` (not timed). Params: the reference
+Data: synthetic HIGGS-shaped rows (``conveyor.ingest.synthetic``, seed 42, one part per
+62,500 rows), split and standardised once by the reference task ``tasks.preprocess:prepare``
+in process (not timed), so both sides read what the pipeline's train stage reads: one part
+per raw part and split. (A split in one file is one partition: one worker would read it all
+and send the other its share.) Params: the reference
 project's ``train.xgb`` (hist, 500 rounds, early stopping after 25, on the valid split).
 Each measurement is a fresh process; the wall is of the training call alone (reading the
 splits and building the DMatrix included on both sides).
@@ -111,9 +114,10 @@ def side_main(argv: list[str]) -> int:
 def run(config: Config, log: Callable[[str], None]) -> Result:
     import numpy as np
 
-    from benchmarks.plain_preprocess import preprocess
-    from benchmarks.preprocess_workers import generate
+    from benchmarks.preprocess_workers import PARAMS, generate
     from benchmarks.reference import execute, repo_env
+    from benchmarks.stages import context
+    from tasks.preprocess import load_stats, prepare
 
     rows = QUICK_ROWS if config.quick else ROWS
     repeats = config.reps(full=3, quick=1)
@@ -127,7 +131,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     try:
         log(f"{NAME}: generating and preprocessing {rows:,} synthetic rows (not timed)")
         generate(root / "raw", rows, max(1, rows // ROWS_PER_PART))
-        stats = preprocess(root / "raw", root / "processed", label=LABEL, seed=SEED)
+        prepare(context("preprocess", root, params=PARAMS, deps={"data/raw": root / "raw"},
+                        outs={"data/processed": root / "processed"}))
+        stats = load_stats(root / "processed")
         counter = [0]
 
         def measure(side: str, rounds: int | None = None) -> tuple[float, float, float]:
@@ -173,7 +179,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         candidate="train_xgboost(client, ...) on a LocalCluster(n_workers=2, threads_per_worker=1): xgboost.dask",
         repeats=repeats, metrics=[wall, short, whole, peak],
         setup={"data": f"{rows:,} synthetic HIGGS-shaped rows (28 float32 features), split by "
-                       f"benchmarks/plain_preprocess.py: {stats['rows']}",
+                       f"tasks.preprocess:prepare into one part per raw part and split: {stats['rows']}",
                "params": json.dumps(booster_params(None)),
                "cluster": "started in the candidate's process before the clock (workers registered, xgboost "
                           "imported in them); 127.0.0.1; the workers' environment as the cpu profile of "
