@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command, side_report
-from benchmarks.preprocess_workers import cpu_worker_env
+from benchmarks.preprocess_workers import PARAMS, cpu_worker_env
 
 NAME = "xgboost-dask"
 DESCRIPTION = "xgboost.dask on 2 Dask workers vs xgb.train(nthread=2) in one process, same rows and params"
 ROWS, QUICK_ROWS = 1_000_000, 100_000
 ROWS_PER_PART = 62_500
-LABEL, SEED = "target", 42
+LABEL, SEED = str(PARAMS["preprocess"]["label"]), int(PARAMS["seed"])  # the splits' label, the booster's seed
 GOAL = 1.15  # the candidate's wall at most this times the baseline's
 TOLERANCE = 1e-6  # "the same model": predictions this close
 QUALITY = 0.02  # the two models' best valid logloss at most this far apart, relative
@@ -114,7 +114,7 @@ def side_main(argv: list[str]) -> int:
 def run(config: Config, log: Callable[[str], None]) -> Result:
     import numpy as np
 
-    from benchmarks.preprocess_workers import PARAMS, generate
+    from benchmarks.preprocess_workers import generate
     from benchmarks.reference import execute, repo_env
     from benchmarks.stages import context
     from tasks.preprocess import load_stats, prepare
@@ -201,7 +201,6 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                "the candidate's training wall: what a run pays when the stage starts the cluster",
                *_profile_notes(costs)],
     )
-
 
 
 def _costs(full: list[float], cut: list[float], reports: list[dict[str, Any]],
