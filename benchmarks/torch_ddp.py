@@ -19,6 +19,8 @@ MLP of the scale pipeline (params.yaml ``scale.train.mlp``, the reference sectio
 HIGGS-shaped data: hidden [64, 32], Adam, global batch 1024; ``train.mlp``'s batch of 32 is
 sized for the 569-row reference data) with ``max_epochs`` and ``patience`` both ``EPOCHS``, so
 that every run trains exactly ``EPOCHS`` epochs: the same work on both sides, no early stop.
+The same again with hidden layers ``WIDE`` (about 70x the work per row): whether DDP pays where
+a step's compute grows against its all-reduce.
 Both sides import torch and the task's modules before the clock starts (the candidate also
 in its workers); the wall is of ``mlp_model(ctx)`` alone: reading the splits, training,
 writing the model and metrics; for DDP also the rendezvous, each rank reading the splits,
@@ -196,7 +198,7 @@ class Run:
 
 @dataclass
 class Size:
-    """Everything measured at one number of rows."""
+    """Everything measured at one number of rows and one model."""
 
     rows: int
     hidden: list[int] | None  # None: the reference MLP's
