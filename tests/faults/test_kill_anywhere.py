@@ -65,11 +65,13 @@ def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(ref
     spec.write_text(on_workers)
     succeeded: set[str] = set()
     interrupted: set[str] = set()
+    killed_in: set[str] = set()
     for stage in KILL_IN:
         if stage in succeeded:  # the last kill landed after this quick stage had finished
             continue
         proc = project.popen("run")
         run_id = wait_until_running(project, stage, proc)
+        killed_in.add(stage)
         time.sleep(0.1)  # into its work (a quick stage may end first: then the kill lands between stages)
         proc.kill()
         proc.communicate(timeout=30)
@@ -94,8 +96,11 @@ def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(ref
     final = project.conveyor("run")
     assert final.returncode == 0, final.stdout + final.stderr
     stages = {name: st["status"] for name, st in project.record()["stages"].items()}
-    assert {name for name, st in stages.items() if st == "skipped"} == succeeded
-    assert {name for name, st in stages.items() if st == "succeeded"} == set(stages) - succeeded
+    skipped = {name for name, st in stages.items() if st == "skipped"}
+    # nothing that finished is redone; a quick stage may also have recorded its outs (dvc.lock) in the instant
+    # between its work and its end event when the kill landed: interrupted in the record, rightly skipped now
+    assert succeeded <= skipped and skipped - succeeded <= killed_in, (skipped, succeeded, killed_in)
+    assert {name for name, st in stages.items() if st == "succeeded"} == set(stages) - skipped
     assert json.loads((project.root / "metrics/test.json").read_text())["stack"]["auc"] >= 0.97
     assert_outs_whole(project.root)
     assert not project.left_running()

@@ -223,7 +223,9 @@ def settle_killed_run(root: Path) -> RunRecord | None:
     for stage in run.stages.values():
         if stage.status == RUNNING:
             stage.status, stage.finished = INTERRUPTED, last_seen
-            stage.error = "the run was killed while this stage ran: its previous outs were put back"
+            # a kill can land after the stage recorded its outs (dvc.lock) and before its end event
+            stage.error = ("the run was killed while this stage ran: its outs are whole, the previous ones or, "
+                           "where it had just recorded them, its new ones")
         elif stage.status == Outcome.NOT_RUN.value and not stage.reason:
             stage.reason = "the run was killed before it started"
     run.status, run.finished = INTERRUPTED, last_seen
