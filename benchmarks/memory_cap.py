@@ -150,8 +150,8 @@ class _Watch(logging.Handler):
 
 def _prepare_on(client: Client, src: Path, out: Path, report: dict[str, Any]) -> None:
     from benchmarks.preprocess_pandas import _Messages
-    from benchmarks.preprocess_workers import PARAMS, warm_imports
-    from benchmarks.stages import context, current
+    from benchmarks.preprocess_workers import preprocess_context, warm_imports
+    from benchmarks.stages import current
     from tasks.preprocess import prepare
 
     client.run(warm_imports)
@@ -160,8 +160,7 @@ def _prepare_on(client: Client, src: Path, out: Path, report: dict[str, Any]) ->
     logger.addHandler(messages)
     logger.setLevel(logging.INFO)
     report["messages"] = messages.lines
-    ctx = context(PREPROCESS, out, params=PARAMS, deps={"data/raw": src}, outs={"data/processed": out / "processed"},
-                  client=client, n_workers=WORKERS)
+    ctx = preprocess_context(out, src, out / "processed", client, WORKERS)
     began = time.perf_counter()
     with current(client):
         prepare(ctx)

@@ -108,8 +108,8 @@ def side_main(argv: list[str]) -> int:
     side, raw, out = argv[0], Path(argv[1]).resolve(), Path(argv[2]).resolve()
     if side not in (IN_PROCESS, *CLUSTERS):
         raise SystemExit(f"preprocess_pandas: unknown side {side!r}, expected {IN_PROCESS}, {', '.join(CLUSTERS)}")
-    from benchmarks.preprocess_workers import PARAMS, cpu_worker_env, start_cluster, warm_imports
-    from benchmarks.stages import context, current
+    from benchmarks.preprocess_workers import cpu_worker_env, preprocess_context, start_cluster, warm_imports
+    from benchmarks.stages import current
     from tasks.preprocess import prepare
 
     warm_imports()
@@ -125,8 +125,7 @@ def side_main(argv: list[str]) -> int:
             report["start"], started = timed(lambda: start_cluster(WORKERS, stack, env))
             report["warm"], _ = timed(lambda: started.run(warm_imports))
             client = started
-        ctx = context("preprocess", out.parent, params=PARAMS, deps={"data/raw": raw}, outs={"data/processed": out},
-                      client=client, n_workers=WORKERS if client is not None else 1)
+        ctx = preprocess_context(out.parent, raw, out, client, WORKERS if client is not None else 1)
         with current(client):
             report["seconds"], _ = timed(lambda: prepare(ctx))
         closing = time.perf_counter()

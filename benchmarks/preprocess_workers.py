@@ -27,6 +27,8 @@ from benchmarks.stages import context, current, digest, read_parts
 if TYPE_CHECKING:
     from distributed import Client
 
+    from conveyor import StageContext
+
 NAME = "preprocess-workers"
 DESCRIPTION = "preprocess (dask.dataframe) of synthetic HIGGS-shaped data on a LocalCluster"
 PARAMS: dict[str, Any] = {"preprocess": {"label": "target", "valid_fraction": 0.15, "test_fraction": 0.2}, "seed": 42}
@@ -34,6 +36,13 @@ BASELINE_WORKERS = 1
 CANDIDATE_WORKERS = 2
 BURN_TASKS, BURN_N = 8, 1_500_000  # the control: 8 independent tasks of ~0.15 s each on an idle core
 WARM_UP_ROWS = 20_000
+
+
+def preprocess_context(root: Path, raw: Path, out: Path, client: Client | None = None,
+                       n_workers: int = 1) -> StageContext:
+    """The StageContext of the reference ``preprocess`` stage (``PARAMS``) reading ``raw`` and writing ``out``."""
+    return context("preprocess", root, params=PARAMS, deps={"data/raw": raw}, outs={"data/processed": out},
+                   client=client, n_workers=n_workers)
 
 
 def generate(raw: Path, rows: int, shards: int) -> None:
@@ -143,8 +152,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 runs[0] += 1
                 out = root / f"run-{runs[0]:03d}" / "data" / "processed"
                 client = clients[workers]
-                ctx = context("preprocess", root, params=PARAMS, deps={"data/raw": warm_raw if warm_up else raw},
-                              outs={"data/processed": out}, client=client, n_workers=workers)
+                ctx = preprocess_context(root, warm_raw if warm_up else raw, out, client, workers)
                 with current(client), get_task_stream(client=client) as stream:
                     seconds, _ = timed(lambda: preprocess_prepare(ctx))
                 computing = compute_seconds(stream.data)

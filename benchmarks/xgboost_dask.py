@@ -114,9 +114,8 @@ def side_main(argv: list[str]) -> int:
 def run(config: Config, log: Callable[[str], None]) -> Result:
     import numpy as np
 
-    from benchmarks.preprocess_workers import generate
+    from benchmarks.preprocess_workers import generate, preprocess_context
     from benchmarks.reference import execute, repo_env
-    from benchmarks.stages import context
     from tasks.preprocess import load_stats, prepare
 
     rows = QUICK_ROWS if config.quick else ROWS
@@ -131,8 +130,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     try:
         log(f"{NAME}: generating and preprocessing {rows:,} synthetic rows (not timed)")
         generate(root / "raw", rows, max(1, rows // ROWS_PER_PART))
-        prepare(context("preprocess", root, params=PARAMS, deps={"data/raw": root / "raw"},
-                        outs={"data/processed": root / "processed"}))
+        prepare(preprocess_context(root, root / "raw", root / "processed"))
         stats = load_stats(root / "processed")
         counter = [0]
 
@@ -170,8 +168,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     peak.baseline, peak.candidate = [b[2] for b in base], [c[2] for c in cand]
     short.baseline, short.candidate = [b[0] for b in short_base], [c[0] for c in short_cand]
     share = statistics.median(c / b for b, c in zip(wall.baseline, wall.candidate, strict=True))
-    costs = {side: _costs(full, cut, reports[side], profile[side])
-             for side, full, cut in ((PLAIN, wall.baseline, short.baseline), (DASK, wall.candidate, short.candidate))}
+    costs = {side: _costs(reports[side], profile[side]) for side in (PLAIN, DASK)}
     start = statistics.median(float(r["start"]) for r in reports[DASK])
     return Result(
         name=NAME, description=DESCRIPTION,
@@ -203,9 +200,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     )
 
 
-def _costs(full: list[float], cut: list[float], reports: list[dict[str, Any]],
-           short: list[dict[str, Any]]) -> tuple[float, float, int]:
+def _costs(reports: list[dict[str, Any]], short: list[dict[str, Any]]) -> tuple[float, float, int]:
     """(fixed s, s per round, full rounds) of one side, from its full and its PROFILE_ROUNDS runs (medians)."""
+    full, cut = [float(r["seconds"]) for r in reports], [float(r["seconds"]) for r in short]
     rounds = int(reports[0]["rounds"])
     check(all(int(r["rounds"]) == PROFILE_ROUNDS for r in short) and rounds > PROFILE_ROUNDS,
           f"the profile's runs trained {sorted({int(r['rounds']) for r in short})} rounds, the full ones {rounds}: "
