@@ -6,6 +6,7 @@ workers that never come back)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from distributed import Client
-from distributed.utils import open_port
 from projects import Project
 from subprocs import stop_group
 
@@ -157,16 +157,18 @@ REMOTE = """
 def workers_lacking_the_project(make_project: Callable[[], Project], tmp_path: Path) -> Iterator[Project]:
     """A project on a cluster whose scheduler can import its tasks and whose worker cannot."""
     project = make_project()
-    port = open_port("127.0.0.1")
-    address = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     common = {"cwd": tmp_path, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
-    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", "127.0.0.1:0"],
-                              env={**env, "PYTHONPATH": str(project.root)}, **common),
-             subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                               "--dashboard-address", "127.0.0.1:0"], env=env, **common)]
+    # the scheduler takes a port of its own and says which in its file: a port picked beforehand can be taken
+    # by another process (the worker's own listener among them) before the scheduler binds it
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--scheduler-file",
+                               str(scheduler_file), "--dashboard-address", "127.0.0.1:0"],
+                              env={**env, "PYTHONPATH": str(project.root)}, **common)]
     try:
+        address = _scheduler_address(scheduler_file, procs[0])
+        procs.append(subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                       "--dashboard-address", "127.0.0.1:0"], env=env, **common))
         with Client(address, timeout="60s") as client:
             client.wait_for_workers(1, timeout=120)
         project.write("configs/pipeline.yaml", REMOTE.format(address=address))
@@ -176,6 +178,18 @@ def workers_lacking_the_project(make_project: Callable[[], Project], tmp_path: P
     finally:
         for proc in reversed(procs):
             stop_group(proc)
+
+
+def _scheduler_address(scheduler_file: Path, scheduler: subprocess.Popen[bytes], timeout_s: float = 120) -> str:
+    """The address a ``dask scheduler --scheduler-file`` listens on, once it has written its file."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert scheduler.poll() is None, f"the dask scheduler exited with {scheduler.returncode}"
+        try:
+            return str(json.loads(scheduler_file.read_text())["address"])
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)  # not written yet (or half written)
+    raise AssertionError(f"the dask scheduler wrote no {scheduler_file.name} within {timeout_s:g} s")
 
 
 def test_workers_that_cannot_import_the_project_fail_the_stage(workers_lacking_the_project: Project) -> None:
