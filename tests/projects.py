@@ -10,7 +10,7 @@ import subprocess
 import textwrap
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +37,11 @@ class Project:
         path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
         return path
 
-    def conveyor(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["conveyor", *args], cwd=self.root, env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+    def conveyor(self, *args: str, timeout: float = 600,
+                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """``conveyor ARGS`` in the project; ``env``: variables over the project's own."""
+        return subprocess.run(["conveyor", *args], cwd=self.root, env={**self.env, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """``conveyor`` as a terminal starts it: SIGINT at its default, even when the tests run

@@ -89,6 +89,7 @@ class StageRecord:
     trace: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # from its declared metrics files
     item: dict[str, Any] | None = None  # the matrix item of this stage, if it has one
+    deterministic: dict[str, str] | None = None  # the pinned environment it ran with (deterministic: true)
 
     @property
     def where(self) -> str:

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -24,13 +25,17 @@ from conveyor.plan.fingerprint import Record
 from conveyor.run import workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
+from conveyor.run.determinism import pinned_environ
+from conveyor.run.isolated import Payload, command_line, error_path, relay
 from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
+from conveyor.run.nanny_env import user_environ
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
+from conveyor.workspace import state_dir
 
 
 class StageEvents(Protocol):
@@ -159,7 +164,7 @@ class StageRunner:
                 log.line("log", f"runs {placement}")
             if attempt > 1:
                 self._free_workers(stage, resources, f"before attempt {attempt}")
-            fn = self._import(stage, progress) if spec.task else None
+            fn = self._import(stage, progress) if spec.task and not spec.deterministic else None
             with self.journal.protect(stage, () if frozen else spec.written, spec.persist) as entry:
                 self._entries[stage] = entry
                 if self.record is not None and not frozen:
@@ -169,10 +174,12 @@ class StageRunner:
                 elif self.record is not None and not self.force and self.record.restore(stage):
                     log.line("out", "restored from DVC's run cache: it ran before with these deps, params and command")
                     self.run.stages[stage].reason += "; restored from DVC's run cache"
-                elif fn is not None:
-                    self._call(fn, stage, resources, progress, stage_logger(stage))
-                else:
+                elif spec.task is None:
                     self._command(stage, resources, log)
+                elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
+                    self._isolated(stage, resources, progress, log)
+                else:
+                    self._call(fn, stage, resources, progress, stage_logger(stage))
                 check_outs(self.project.root, stage, spec.written)
                 with self._mutex:
                     too_late = self._abandoned.get(stage)
@@ -230,21 +237,58 @@ class StageRunner:
             workers.check_importable(stage, resources, package, self.project.root)
             self._importable.add((resources.profile, package))
 
+    def _isolated(self, stage: str, resources: Resources, progress: StageProgress, log: StageLog) -> None:
+        """A deterministic task: run in a child process started with the pinned environment."""
+        root, spec = self.project.root, self.project.pipeline.stages[stage]
+        if resources.client is not None or spec.task is None:
+            raise StageError(stage, f"deterministic: true runs a task in a process of its own, without the "
+                             f"Dask workers of profile '{resources.profile}': run it without 'on:'")
+        payload = Payload(
+            task=spec.task, stage=stage, root=str(root), params=dict(self.project.stage_params(stage)),
+            deps={d: str(root / d) for d in spec.deps}, outs={o: str(root / o) for o in spec.outs},
+            metrics={m: str(root / m) for m in spec.metrics}, names=dict(spec.names),
+            item=self.project.item_of(stage), threads=resources.n_workers if resources.executor is not None else 0,
+        )
+        state_dir(root).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"isolated-{stage}-", dir=state_dir(root)) as tmp:
+            path = Path(tmp) / "payload.pickle"
+            payload.write(path)
+            command = Command(stage, (command_line(path),), cwd=str(root), env=self._environ(stage),
+                              timeout_s=spec.timeout_s)
+            finished = run_here(command, relay(progress, self._sink(log)))
+            if finished.returncode != 0:
+                summary = error_path(path).read_text(encoding="utf-8") if error_path(path).exists() else ""
+                if not summary:  # killed, or died before it could say
+                    raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
+                raise StageError(stage, summary)
+
+    def _environ(self, stage: str) -> dict[str, str]:
+        """What a stage's process gets over the runner's environment (a command's, or an isolated task's)."""
+        env = {"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id}
+        if self.project.pipeline.stages[stage].deterministic:
+            pins = pinned_environ(user_environ())
+            self.run.stages[stage].deterministic = pins
+            env |= pins
+        return env
+
+    def _sink(self, log: StageLog) -> Sink:
+        def sink(stream: str, line: str) -> None:
+            log.line(stream, line)  # the live view shows the latest line
+            if self.echo is not None:
+                self.echo(stream, line)
+
+        return sink
+
     def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
         spec = self.project.pipeline.stages[stage]
-        env = {"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id}
+        env = self._environ(stage)
         shell: tuple[str, ...] = ("/bin/sh", "-c")
         if self.project.dvc is not None:  # as `dvc repro` runs it: the user's shell, DVC's variables
             env |= {"DVC_ROOT": str(self.project.root), "DVC_STAGE": stage}
             shell = self.project.dvc.shell
         command = Command(stage, spec.commands, cwd=str(self.project.root / (spec.wdir or "")), env=env,
                           timeout_s=spec.timeout_s, own_gpu=bool(resources.devices), shell=shell)
-
-        def sink(stream: str, line: str) -> None:
-            log.line(stream, line)  # the live view shows the latest line
-            if self.echo is not None:
-                self.echo(stream, line)
-
+        sink = self._sink(log)
         if resources.client is not None:
             finished = run_on_worker(resources.client, command, sink)
         else:

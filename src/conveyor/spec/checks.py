@@ -75,6 +75,9 @@ def valid_stages(raw: Mapping[str, Any]) -> dict[str, Stage]:
     return stages
 
 
+CLUSTER_KINDS = frozenset({"dask", "dask-cuda", "slurm"})  # profiles whose tasks compute on Dask workers
+
+
 def check_references(doc: LoadedYaml, raw: Mapping[str, Any], params: Mapping[str, Any],
                      root: Path) -> list[SpecIssue]:
     """Names that must refer to something: profiles, stages, params keys, tasks, paths."""
@@ -133,6 +136,14 @@ class _References:
     def _check_runs(self, name: str, body: dict[str, Any]) -> None:
         """What the stage runs: a task of the project's packages, or a cmd in an existing wdir."""
         task = body.get("task")
+        on = body.get("on")
+        profile = self.profiles.get(on) if isinstance(on, str) else None
+        if body.get("deterministic") is True and task is not None and isinstance(profile, dict) \
+                and profile.get("kind") in CLUSTER_KINDS:
+            self.issue(("stages", name, "deterministic"),
+                       f"a deterministic task runs in a process of its own, started with pinned kernel paths; "
+                       f"the Dask workers of profile '{body['on']}' were started without them: run it without "
+                       f"'on:' (or on a threads profile), or make it a cmd, which gets them on a worker too")
         if isinstance(task, str) and ":" in task:
             problem = task_problem(self.root, task, self.packages)
             if problem:

@@ -236,6 +236,8 @@ class Stage(Model):
     retries: Annotated[int, Field(ge=0)] = 0
     retry_delay_s: Seconds = 0.0
     timeout_s: PositiveSeconds | None = None
+    # the same bytes on any x86-64 CPU: pinned kernel paths and one thread (conveyor.run.determinism)
+    deterministic: bool = False
     desc: str | None = None
 
     @field_validator("task")
@@ -380,6 +382,7 @@ class Placement(Model):
     retries: Annotated[int, Field(ge=0)] | None = None
     retry_delay_s: Seconds | None = None
     timeout_s: PositiveSeconds | None = None
+    deterministic: bool | None = None
 
 
 class DvcPipeline(Model):

@@ -1,0 +1,133 @@
+"""`deterministic: true`: a stage's numeric libraries load with pinned kernel paths and one thread.
+
+A task runs in a process of its own started with them (the runner's process loaded NumPy
+long before), a command gets them in its environment; the rest of the run is untouched.
+The bytes this buys, across kernel paths, are checked on the reference pipeline
+(tests/e2e/test_reference.py) and on a `conveyor init` project (tests/cli/test_init.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+from conftest import Project
+
+from conveyor.run.determinism import PINS, pinned_environ
+
+TASKS = '''
+import json
+import os
+
+SEEN = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "NPY_DISABLE_CPU_FEATURES")
+
+
+def probe(ctx):
+    ctx.progress.start(3, unit="steps")
+    for _ in range(3):
+        ctx.progress.advance(1)
+    ctx.log.info("probing from a process of its own")
+    print("a print of the task")
+    ctx.out().write_text(json.dumps({"pid": os.getpid(), "env": {k: os.environ.get(k) for k in SEEN},
+                                     "value": ctx.params["probe"]["value"], "threads": ctx.n_workers,
+                                     "executor": ctx.executor is not None}))
+
+
+def plain(ctx):
+    ctx.out().write_text(json.dumps({"pid": os.getpid(), "env": {k: os.environ.get(k) for k in SEEN}}))
+
+
+def flaky(ctx):
+    ctx.out().write_text("half written")
+    if (ctx.root / "break").exists():
+        raise ValueError(f"no rows in {ctx.root / 'break'}\\nsecond line")
+    ctx.out().write_text("complete")
+'''
+
+SPEC = '''
+pipeline: pinned
+profiles: {io: {kind: threads, max_workers: 3}}
+stages:
+  probe: {task: tasks.steps:probe, on: io, deterministic: true, params: [probe], outs: [out/probe.json]}
+  plain: {task: tasks.steps:plain, outs: [out/plain.json]}
+  command:
+    cmd: python -c "import json, os; print(json.dumps(dict(os.environ)))" > out/command.json
+    deterministic: true
+    outs: [out/command.json]
+  flaky: {task: tasks.steps:flaky, deterministic: true, outs: [out/flaky.txt]}
+'''
+
+
+def _pinned_project(make_project: Callable[[], Project]) -> Project:
+    project = make_project()
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/steps.py", TASKS)
+    project.write("params.yaml", "probe: {value: 7}\n")
+    project.write("configs/pipeline.yaml", SPEC)
+    (project.root / "out").mkdir()
+    return project
+
+
+def test_a_deterministic_task_runs_in_a_process_of_its_own_with_the_pins(make_project: Callable[[], Project]) -> None:
+    project = _pinned_project(make_project)
+    done = project.conveyor("run")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    probe = json.loads((project.root / "out/probe.json").read_text())
+    plain = json.loads((project.root / "out/plain.json").read_text())
+    assert probe["pid"] != plain["pid"]  # plain ran in the runner's process, probe in a child
+    assert probe["env"]["ATEN_CPU_CAPABILITY"] == "default" and probe["env"]["MKL_CBWR"] == "COMPATIBLE"
+    assert probe["env"]["OPENBLAS_CORETYPE"] == PINS["OPENBLAS_CORETYPE"] and probe["env"]["OMP_NUM_THREADS"] == "1"
+    assert probe["env"]["NPY_DISABLE_CPU_FEATURES"]  # every feature this NumPy dispatches to at run time
+    assert (probe["value"], probe["threads"], probe["executor"]) == (7, 3, True)  # params, its own thread pool
+    assert set(plain["env"].values()) == {None}  # the pins never reach the runner's own process
+    command = json.loads((project.root / "out/command.json").read_text())
+    assert {k: command[k] for k in PINS} == dict(PINS)
+
+    record = project.record()
+    assert record["stages"]["probe"]["deterministic"]["ATEN_CPU_CAPABILITY"] == "default"
+    assert record["stages"]["command"]["deterministic"]["MKL_CBWR"] == "COMPATIBLE"
+    assert record["stages"]["plain"]["deterministic"] is None
+    log = (project.root / f".conveyor/logs/{record['run_id']}/probe.log").read_text()
+    assert "probing from a process of its own" in log and "a print of the task" in log
+    assert "conveyor-progress" not in log  # progress lines travel to the live view, not the log
+    assert not project.left_running()
+
+
+def test_a_deterministic_task_that_fails_names_its_error_and_leaves_the_previous_outs(
+        make_project: Callable[[], Project]) -> None:
+    project = _pinned_project(make_project)
+    assert project.conveyor("run", "flaky").returncode == 0
+    (project.root / "break").write_text("")
+
+    failed = project.conveyor("run", "-f", "-s", "flaky")
+    assert failed.returncode == 1
+    assert f"stage 'flaky' failed: ValueError: no rows in {project.root / 'break'}" in failed.stderr
+    assert (project.root / "out/flaky.txt").read_text() == "complete"  # the previous out, put back
+    record = project.record()
+    log = (project.root / f".conveyor/logs/{record['run_id']}/flaky.log").read_text()
+    assert "Traceback" in log and "second line" in log  # the whole story is in the stage's log
+    assert not project.left_running()
+
+
+def test_a_deterministic_task_on_dask_workers_is_a_spec_error(make_project: Callable[[], Project]) -> None:
+    project = _pinned_project(make_project)
+    project.write("configs/pipeline.yaml", '''
+        pipeline: pinned
+        profiles: {cpu: {kind: dask, n_workers: 1}}
+        stages:
+          plain: {task: tasks.steps:plain, on: cpu, deterministic: true, outs: [out/plain.json]}
+        ''')
+    checked = project.conveyor("validate")
+    assert checked.returncode == 2
+    assert "configs/pipeline.yaml:4 stages.plain.deterministic: a deterministic task runs in a process of its " \
+           "own" in checked.stderr
+    assert "Traceback" not in checked.stderr
+
+
+def test_the_pins_add_to_glibc_tunables_a_user_already_set() -> None:
+    pins = pinned_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert pins["GLIBC_TUNABLES"].startswith("glibc.malloc.arena_max=2:glibc.cpu.hwcaps=-AVX2,-FMA")
+    assert pinned_environ({})["GLIBC_TUNABLES"].startswith("glibc.cpu.hwcaps=")
+    assert pinned_environ(dict(os.environ))["NPY_ENABLE_CPU_FEATURES"] == ""  # NumPy refuses both set at once
