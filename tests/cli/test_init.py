@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kernels import KERNEL_PATHS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,12 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
     assert second.returncode == 0, second.stderr
     record = json.loads((root / ".conveyor/runs/latest.json").read_text())
     assert {s["status"] for s in record["stages"].values()} == {"skipped"}
+    # a teammate's CPU: the same bytes under an AVX2-only and a baseline machine's kernel paths
+    lock = (root / "dvc.lock").read_text()
+    for name, kernels in KERNEL_PATHS.items():
+        forced = run(["conveyor", "run", "--force"], root, {**env, **kernels})
+        assert forced.returncode == 0, forced.stdout + forced.stderr
+        assert (root / "dvc.lock").read_text() == lock, name
     dvc = run(["dvc", "status"], root, env)
     assert dvc.returncode == 0 and "Data and pipelines are up to date." in dvc.stdout, dvc.stdout + dvc.stderr
 

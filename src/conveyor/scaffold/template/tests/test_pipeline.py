@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dask.dataframe as dd
 import pandas as pd
-from tasks.data import standardise
+from tasks.features import standardise
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,28 @@
+"""Standardised features, computed with dask.dataframe on the stage's Dask cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from conveyor import StageContext
+
+
+def featurize(ctx: StageContext) -> None:
+    """Standardise every feature column with dask.dataframe, on the stage's Dask cluster."""
+    import dask.dataframe as dd
+
+    frame = dd.read_csv(str(ctx.dep()))
+    features = [c for c in frame.columns if c != "y"]
+    mean, std = frame[features].mean().compute(), frame[features].std().compute()
+    standardise(frame, mean, std).to_parquet(str(ctx.out()), write_index=False)
+    ctx.log.info("standardised %d features on %d Dask workers", len(features), ctx.n_workers)
+
+
+def standardise(frame: dd.DataFrame, mean: pd.Series, std: pd.Series) -> dd.DataFrame:
+    """Features centred and scaled; the other columns as they are."""
+    scaled: dd.DataFrame = frame.assign(**{c: (frame[c] - mean[c]) / std[c] for c in mean.index})
+    return scaled
