@@ -337,7 +337,8 @@ def _print_whole(table: Table) -> None:
 
 def _past_runs(config: Path | None) -> tuple[Project, list[RunRecord], list[RunRecord]]:
     """The project, its readable runs of this spec (oldest first) and those of other specs."""
-    from conveyor.cli.history import load_runs, of_spec
+    from conveyor.cli.history import of_spec
+    from conveyor.run.record import load_runs
 
     project = _project(config)
     every, unreadable = load_runs(project.root)

@@ -86,7 +86,7 @@ def resolve(project: Project, which: str = CHAMPION) -> ModelVersion:
 
 def _latest_run(project: Project, old_champion: bool) -> dict[str, Any]:
     """What /model says of a model no champion was promoted for: the last run that made it."""
-    from conveyor.cli.history import load_runs
+    from conveyor.run.record import load_runs
 
     why = ("the champion predates the model section (it stored no model files)" if old_champion
            else "no champion has been promoted yet")

@@ -18,7 +18,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -269,3 +269,57 @@ def read_latest(root: Path) -> RunRecord | None:
 
 def _parse(path: Path) -> RunRecord:
     return RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+# ------------------------------------------------------------------- past runs
+
+_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
+_STAGE_FIELDS = frozenset(f.name for f in fields(StageRecord))
+_DICTS = {"overrides", "params", "stages"}  # run fields that must be mappings to be read
+
+
+def runs_dir(root: Path) -> Path:
+    return root / STATE_DIR / "runs"  # not record_path's: reading past runs makes no directory
+
+
+def load_runs(root: Path) -> tuple[list[RunRecord], list[Path]]:
+    """Every readable run record of the project, oldest first, and the files that could not be read."""
+    runs: list[RunRecord] = []
+    unreadable: list[Path] = []
+    folder = runs_dir(root)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.name == "latest.json":  # a copy of the last run's record
+            continue
+        try:
+            runs.append(parse_record(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, TypeError, AttributeError):
+            unreadable.append(path)
+    return sorted(runs, key=lambda r: (_started(r), r.run_id)), unreadable
+
+
+def parse_record(data: Any) -> RunRecord:
+    """A record from its JSON, ignoring fields this version does not know; ValueError when it is
+    not a record (a run id that is no string, metrics that are no mapping)."""
+    if not isinstance(data, dict) or not isinstance(data.get("run_id"), str) or \
+            any(not isinstance(data.get(k, {}), dict) for k in _DICTS):
+        raise ValueError("not a run record")
+    body = {k: v for k, v in data.items() if k in _RUN_FIELDS}
+    body["stages"] = {name: {k: v for k, v in stage.items() if k in _STAGE_FIELDS}
+                      for name, stage in body.get("stages", {}).items()}
+    run = RunRecord.from_dict(body)
+    if not (isinstance(run.status, str) and isinstance(run.started, str) and _number(run.wall_s)) or \
+            any(not isinstance(s.metrics, dict) or not isinstance(s.item, dict | None) for s in run.stages.values()):
+        raise ValueError("not a run record")
+    return run
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _started(run: RunRecord) -> datetime:
+    try:
+        when = datetime.fromisoformat(run.started)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
