@@ -217,6 +217,18 @@ def validate(config: SpecOption = None) -> None:
     n = len(project.pipeline.stages)
     out.print(f"{project.rel(project.spec_path)}: ok ({n} stage{'s' if n != 1 else ''}, "
               f"{len(project.pipeline.profiles)} profiles)")
+    _warn_undeclared_code(project)
+
+
+def _warn_undeclared_code(project: Project) -> None:
+    """A cmd stage's script or a local module it imports that its deps miss: a change to it reruns nothing."""
+    from conveyor.spec.scripts import undeclared
+
+    for name, stage in project.pipeline.stages.items():
+        if stage.cmd is not None:
+            for problem in undeclared(project.root, stage.wdir, stage.commands, stage.deps):
+                err.print(f"warning: {project.rel(project.spec_path)} stages.{name}: {problem}",
+                          style="yellow", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -228,11 +240,14 @@ def status(
     """Which stages are stale, and why (dep, param, code changed)."""
     from conveyor.cli.view import status_table
     from conveyor.dvc.record import stale
+    from conveyor.run.environment import History
 
     project = _project(config)
+    _warn_undeclared_code(project)
     _recover_outs(project)
     reasons = stale(project, set(project.order))
-    out.print(status_table(reasons))
+    history = History(project)
+    out.print(status_table(reasons, {stage: history.notes(stage) for stage in reasons}))
     if exit_code and any(reasons.values()):
         raise typer.Exit(1)
 

@@ -164,15 +164,19 @@ def _metrics_lines(record: RunRecord, project: Project) -> list[RenderableType]:
     return lines
 
 
-def status_table(reasons: Mapping[str, list[str]]) -> RenderableType:
-    """``conveyor status``: each stage, up to date or why it is stale."""
+def status_table(reasons: Mapping[str, list[str]], notes: Mapping[str, list[str]] | None = None) -> RenderableType:
+    """``conveyor status``: each stage, up to date or why it is stale, and what changed in its
+    environment since its last run (``notes``: information, never a reason to run)."""
     table = Table(title_justify="left")
     table.add_column("stage")
     table.add_column("status")
     table.add_column("why")
     for stage, why in reasons.items():
         state = "stale" if why else "up to date"
-        table.add_row(stage, Text(state, style="yellow" if why else "green"), "; ".join(why))
+        text = Text("; ".join(why))
+        for note in (notes or {}).get(stage, []):
+            text.append(f"{'; ' if text else ''}{note}", style="cyan")
+        table.add_row(stage, Text(state, style="yellow" if why else "green"), text)
     return table
 
 

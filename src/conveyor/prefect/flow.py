@@ -31,6 +31,7 @@ from conveyor.cli.history import artifact_rows
 from conveyor.cli.view import RunView
 from conveyor.errors import Interrupted, UsageError
 from conveyor.run import capture
+from conveyor.run.environment import History
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, now
@@ -106,6 +107,7 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
             view.console.print(f"[bold yellow]WARNING[/] {warning}")
         runner = StageRunner(project, profiles, options.force, run, view, session.record)
+        history = History(project)  # what changed in a stage's environment since its last run: said in its reason
         runner.on_abandon = finished.put  # abandoned at its timeout: its task run has not ended
 
         def start(stage: str) -> bool:
@@ -120,7 +122,7 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
                 schedule.finish(stage, Outcome.SKIPPED)
                 note(stage, record)
                 return False
-            record.status, record.reason = RUNNING, "; ".join(reasons)
+            record.status, record.reason = RUNNING, "; ".join([*reasons, *history.notes(stage)])
             note(stage, record)
             spec = project.pipeline.stages[stage]
             # timeout_s: the runner enforces it (a command's process group is killed; a task

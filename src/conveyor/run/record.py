@@ -90,6 +90,8 @@ class StageRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # from its declared metrics files
     item: dict[str, Any] | None = None  # the matrix item of this stage, if it has one
     deterministic: dict[str, str] | None = None  # the pinned environment it ran with (deterministic: true)
+    packages: dict[str, str] | None = None  # distribution -> version, of the packages its code imports
+    cpu: dict[str, str] | None = None  # the CPU's instruction-set level, threads, kernel variables set
 
     @property
     def where(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from conveyor.errors import MissingOutputError, RedactedError, StageError, redact
 from conveyor.plan.fingerprint import Record
-from conveyor.run import workers
+from conveyor.run import environment, workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.determinism import pinned_environ
@@ -98,6 +98,9 @@ class StageRunner:
             record.attempts += 1
             record.started = record.started or now().isoformat()
         record.profile = self.profiles.resolve(spec.on) or "local"
+        if record.packages is None:  # what no fingerprint holds, for `status` to compare with the next run
+            record.packages = environment.packages(environment.code_files(self.project, stage))
+            record.cpu = environment.cpu_settings()
         placement = self.profiles.place(spec.on, [self.project.root / dep for dep in spec.deps])
         record.placement = placement.why or None
         resources = self.profiles.in_process(spec.on) if placement.in_process else self.profiles.get(spec.on)
