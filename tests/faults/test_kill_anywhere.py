@@ -10,6 +10,7 @@ run plus start-ups.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import zipfile
@@ -60,8 +61,11 @@ def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(ref
     on_workers = spec.read_text().replace(" in_process_below: 64MiB,", "")
     assert "in_process_below" not in on_workers  # the 569 rows would run in process: the kills must land in Dask
     ddp = "    task: tasks.train:mlp_model\n"
-    assert ddp in on_workers
-    on_workers = on_workers.replace(ddp, ddp + "    on: cpu\n")  # torch DDP, one rank per worker, beside xgboost.dask
+    pinned = re.search(r"\n    deterministic: true[^\n]*", on_workers[on_workers.index(ddp):])
+    assert ddp in on_workers and pinned is not None
+    # torch DDP, one rank per worker, beside xgboost.dask (a deterministic task runs in a process of its own)
+    on_workers = on_workers.replace(ddp + pinned.group(0).lstrip("\n") + "\n", ddp + "    on: cpu\n")
+    assert "    on: cpu\n" in on_workers
     spec.write_text(on_workers)
     succeeded: set[str] = set()
     interrupted: set[str] = set()
