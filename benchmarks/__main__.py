@@ -11,6 +11,7 @@ from types import ModuleType
 
 from benchmarks import (
     chain,
+    deterministic,
     dvc_repro,
     harness,
     ingest_concurrency,
@@ -30,7 +31,7 @@ from benchmarks import (
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
-                                                          xgboost_dask, torch_ddp, memory_cap)}
+                                                          xgboost_dask, torch_ddp, memory_cap, deterministic)}
 
 
 def _log(line: str) -> None:
