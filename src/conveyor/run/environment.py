@@ -23,6 +23,7 @@ from conveyor.run.determinism import PINS
 from conveyor.run.record import RunRecord, StageRecord, load_runs
 from conveyor.spec.project import Project
 from conveyor.spec.scripts import local_imports, scripts
+from conveyor.spec.sources import parse
 
 # the environment variables that choose kernels or threads, where a user set them
 _KERNEL_VARIABLES = tuple(dict.fromkeys([*PINS, "MKL_ENABLE_INSTRUCTIONS", "NPY_DISABLE_CPU_FEATURES",
@@ -127,7 +128,7 @@ def current(project: Project, stage: str, pinned: Mapping[str, str] | None) -> S
 
 def _top_level_imports(path: Path) -> set[str]:
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        tree = parse(path)
     except (SyntaxError, ValueError, OSError):
         return set()
     names = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}

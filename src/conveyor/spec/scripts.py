@@ -19,6 +19,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from conveyor.spec.sources import parse
+
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _OPTIONS_WITH_VALUE = {"-W", "-X", "-Q"}
 
@@ -76,7 +78,7 @@ def local_imports(script: Path, search: Sequence[Path], root: Path) -> Iterator[
 def _imports(path: Path, search: Sequence[Path], root: Path) -> Iterator[tuple[int, str]]:
     """(line, absolute module name) of each import in ``path``; the standard library left out."""
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        tree = parse(path)
     except (SyntaxError, ValueError, OSError):
         return
     package = _package_of(path, search)

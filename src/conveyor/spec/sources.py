@@ -12,6 +12,7 @@ import ast
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def task_problem(root: Path, task: str, packages: Sequence[str]) -> str | None:
     if path is None:
         return f"unknown task '{task}': module '{module}' not found under {root}"
     try:
-        tree = _parse(path)
+        tree = parse(path)
     except SyntaxError as exc:
         return f"task '{task}': {exc.filename}:{exc.lineno}: {exc.msg}; fix the module"
     defined = sorted(_top_level_names(tree))
@@ -73,8 +74,16 @@ def task_problem(root: Path, task: str, packages: Sequence[str]) -> str | None:
     return None
 
 
-def _parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_bytes(), filename=str(path))
+_PARSING = threading.Lock()
+
+
+def parse(path: Path) -> ast.Module:
+    """``path``'s source as a syntax tree, one parse at a time in the process: stages check their
+    code in parallel threads, and CPython 3.11's ``ast.parse`` is not thread-safe ("AST
+    constructor recursion depth mismatch" when two threads parse at once)."""
+    source = path.read_bytes()
+    with _PARSING:
+        return ast.parse(source, filename=str(path))
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -102,7 +111,7 @@ def local_sources(root: Path, module: str, packages: Sequence[str]) -> set[Path]
         seen.add(path)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         try:
-            tree = _parse(path)
+            tree = parse(path)
         except SyntaxError:
             continue  # the module itself is in the set; what it imports cannot be known
         for node in ast.walk(tree):
