@@ -12,6 +12,7 @@ from pathlib import Path
 
 # the user information of a URL (``https://user:password@host``, ``https://TOKEN@host``)
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")  # CSI, OSC, Fe
 
 
 def redact(text: str) -> str:
@@ -21,6 +22,12 @@ def redact(text: str) -> str:
     (console, stage logs, run records, Prefect's task runs and artifacts) goes through this.
     """
     return _USERINFO.sub(r"\g<scheme>***@", text)
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal escape sequences (colours a tool such as DVC prints), for a
+    one-line summary, the live view and the run record; a log file keeps the text as written."""
+    return _ESCAPES.sub("", text)
 
 
 class ConveyorError(Exception):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from conveyor.errors import StageError
+from conveyor.errors import StageError, plain
 from conveyor.run.nanny_env import user_environ
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class CommandFailed(StageError):
     """A command exited with a non-zero status."""
 
     def __init__(self, stage: str, returncode: int, tail: Sequence[str]) -> None:
-        shown = "\n".join(f"  {line}" for line in tail)
+        shown = "\n".join(f"  {plain(line)}" for line in tail if plain(line).strip())  # no dangling heading
         signalled = f" (killed by signal {returncode - 128})" if returncode > 128 else ""
         reason = f"command exited with status {returncode}{signalled}" + (
             f"; last lines of stderr:\n{shown}" if shown else "; it wrote nothing to stderr")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import plain
+
 if TYPE_CHECKING:
     from distributed import Client
 
@@ -47,7 +49,7 @@ class StageProgress:
 
     def note(self, line: str) -> None:
         """The stage wrote ``line`` to its log."""
-        self.last_line = line.strip()[-160:]
+        self.last_line = plain(line).strip()[-160:]
 
     def render(self) -> str:
         """A short text such as ``"12/15 files"`` for the stage's line in the live view."""

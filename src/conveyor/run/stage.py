@@ -20,7 +20,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor.errors import MissingOutputError, RedactedError, StageError, redact
+from conveyor.errors import MissingOutputError, RedactedError, StageError, plain, redact
 from conveyor.plan.fingerprint import Record
 from conveyor.run import environment, workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
@@ -334,11 +334,11 @@ def user_frames(exc: BaseException, root: Path) -> str:
 def short_error(exc: BaseException) -> str:
     """The error's type and first line, credentials in URLs redacted."""
     if isinstance(exc, RedactedError):
-        return str(exc)
-    line = _first_line(exc)
+        return plain(str(exc))
+    line = plain(_first_line(exc))
     root = _root_cause(exc)
     if root is not None:  # e.g. Dask's "Error during deserialization" over "No module named 'tasks'"
-        line += f" (caused by {_first_line(root)})"
+        line += f" (caused by {plain(_first_line(root))})"
         if isinstance(root, ImportError) and "deserializ" in str(exc):
             line += ("; the Dask scheduler or workers cannot import the project's code: install the project "
                      "there, or run the stage on a local profile")
