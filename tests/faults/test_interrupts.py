@@ -141,6 +141,28 @@ def test_ctrl_c_in_a_terminal_stops_stages_blocked_in_c_calls_at_once(
     assert "cannot be interrupted" in record["stages"]["a"]["error"]
 
 
+def test_a_closed_terminal_stops_the_run_as_ctrl_c_does_and_exits_129(
+        make_project: Callable[[], Project], prefect_home: Callable[[], Path]) -> None:
+    """The terminal window closed mid-run: SIGHUP to conveyor, and every write to the terminal
+    fails from then on. The previous outs are back at once (not when some later command runs),
+    the record says interrupted, nothing is left running."""
+    project = stuck_project(make_project, "temporary", prefect_home)
+    pid, fd = in_terminal(project, "run")
+    wait_both_started(project, lambda: os.waitpid(pid, os.WNOHANG) == (0, 0))
+    os.close(fd)  # the terminal is gone: the kernel hangs up its session
+    deadline = time.monotonic() + 60
+    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        assert time.monotonic() < deadline, "the run did not stop when its terminal closed"
+        time.sleep(0.1)
+    assert os.waitstatus_to_exitcode(waited[1]) == 129
+    assert_nothing_lost(project)  # before any other conveyor command looked at the project
+    assert not list((project.root / ".conveyor/journal").iterdir())
+    record = project.record()
+    assert record["status"] == "interrupted"
+    assert {name: st["status"] for name, st in record["stages"].items()} == {
+        "c": "succeeded", "a": "interrupted", "b": "interrupted"}
+
+
 def test_ctrl_c_while_the_temporary_server_starts_records_the_run_interrupted(
         make_project: Callable[[], Project], prefect_home: Callable[[], Path]) -> None:
     project = stuck_project(make_project, "temporary", prefect_home)

@@ -1,11 +1,15 @@
-"""Ctrl-C and SIGTERM on the command line: which signal stopped a command, what it stopped,
-and the exit (130 or 143) that does not wait for a stage abandoned in a C call.
+"""Ctrl-C, SIGTERM and a closed terminal (SIGHUP) on the command line: which signal stopped a
+command, what it stopped, and the exit (130, 143 or 129) that does not wait for a stage
+abandoned in a C call. A closed terminal stops a run as Ctrl-C does (previous outs back at
+once, the record ``interrupted``); what would be said to it is lost with it, never an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import stat
 import sys
 from types import FrameType
 from typing import NoReturn
@@ -17,40 +21,88 @@ from conveyor.spec.project import Project
 
 STOPPED = "clusters, workers and commands were stopped; outs of unfinished stages are unchanged"
 _SIGNAL: list[str] = []  # the signal that stopped this command, once one has
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+_TERMINAL: list[int] = []  # the device of the terminal this command was started on, if any
 
 
 def install() -> None:
-    """SIGINT and SIGTERM raise :class:`Interrupted`: clusters are cleaned up on `kill` as on Ctrl-C."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted`: clusters are cleaned up on `kill`
+    and when the terminal closes as on Ctrl-C."""
+    for signum in STOPPING:
+        signal.signal(signum, _interrupt)
+    for fd in (2, 1, 0):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                _TERMINAL[:] = [os.fstat(fd).st_rdev]
+                break
 
 
 def received() -> bool:
-    """Whether SIGINT or SIGTERM reached this command."""
+    """Whether SIGINT, SIGTERM or SIGHUP reached this command."""
     return bool(_SIGNAL)
+
+
+def exit_code(name: str) -> int:
+    """128 + the signal's number, as a shell reports a command it stopped: 130, 143, 129."""
+    return 128 + int(getattr(signal.Signals, name, signal.SIGINT))
+
+
+def say(err: Console, what: object) -> None:
+    """Print to a terminal that may have closed (SIGHUP): then there is no one to tell."""
+    with contextlib.suppress(OSError):
+        if isinstance(what, str):
+            err.print(what, highlight=False, soft_wrap=True)
+        else:
+            err.print(what)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     _SIGNAL[:] = [signal.Signals(signum).name]
+    if signum == signal.SIGHUP:
+        _silence_terminal()
     raise Interrupted(_SIGNAL[0])
+
+
+def _silence_terminal() -> None:
+    """The terminal hung up: every descriptor of it (the live view holds a copy of its own) now
+    points at /dev/null, so that what would be printed is dropped instead of failing with EIO
+    in whatever writes it (the live view, a summary, a library's last log line)."""
+    if not _TERMINAL:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        try:
+            fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:  # no /proc: the standard three
+            fds = [0, 1, 2]
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if fd != null and stat.S_ISCHR(st.st_mode) and st.st_rdev == _TERMINAL[0]:
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def stopped(err: Console, what: str = STOPPED) -> NoReturn:
     """Say what Ctrl-C or SIGTERM stopped; exit 130 or 143 without waiting for threads: a stage
     blocked in a C call was abandoned (its outs put back) and must not hold the process, and
     servers and clusters have already stopped."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in STOPPING:  # a second Ctrl-C must not cut this short
+        signal.signal(signum, signal.SIG_IGN)
     name = _SIGNAL[0] if _SIGNAL else "SIGINT"
-    err.print(f"interrupted ({name}): {what}", highlight=False, soft_wrap=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(143 if name == "SIGTERM" else 130)
+    say(err, f"interrupted ({name}): {what}")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # the terminal closed
+            stream.flush()
+    os._exit(exit_code(name))
 
 
 def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardInterrupt) -> NoReturn:
-    """Ctrl-C or SIGTERM during a run, once everything it started has stopped: what the run did
-    and what was stopped, then exit 130 (SIGINT) or 143 (SIGTERM)."""
+    """Ctrl-C, SIGTERM or SIGHUP during a run, once everything it started has stopped: what the run
+    did and what was stopped, then exit 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP)."""
     from conveyor.cli.view import summary
     from conveyor.run.record import close_before_flow, record_path
 
@@ -60,7 +112,7 @@ def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardIn
     record = close_before_flow(project, run_id, interrupted=True)  # if stopped while its server started
     if record is None:  # interrupted before the run wrote its record: it had decided nothing
         stopped(err, "before any stage started: nothing changed")
-    err.print(summary(record, project, f"conveyor run{project.spec_option}"))
+    say(err, summary(record, project, f"conveyor run{project.spec_option}"))
     names = record.interrupted
     what = f"stopped {', '.join(names)} (previous outs kept)" if names else "no stage was running"
     stopped(err, f"{what}; clusters, workers and commands were stopped; record: {project.rel(path)}")
