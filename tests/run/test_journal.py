@@ -131,16 +131,16 @@ def test_after_kill_9_the_next_recovery_puts_the_previous_outs_back(tmp_path: Pa
     assert snapshot(tmp_path) != previous  # the half-written outs are what the project holds now
     assert len(entries(tmp_path)) == 1
 
-    assert Journal(tmp_path).recover() == ["train"]
+    assert Journal(tmp_path).recover().restored == ["train"]
     assert snapshot(tmp_path) == previous  # models/extra.json did not exist before: gone
     assert entries(tmp_path) == []
-    assert Journal(tmp_path).recover() == []
+    assert Journal(tmp_path).recover().restored == []
 
 
 def test_after_kill_9_a_persist_out_is_restored_too(tmp_path: Path, previous: dict[str, bytes]) -> None:
     kill_mid_write(tmp_path, [*DECLARED, "models/extra.json"], persist={"data/raw"})
     assert (tmp_path / "data/raw/half.csv").exists()
-    assert Journal(tmp_path).recover() == ["train"]
+    assert Journal(tmp_path).recover().restored == ["train"]
     assert snapshot(tmp_path) == previous
 
 
@@ -156,7 +156,7 @@ def test_recovery_leaves_a_stage_that_is_still_running_alone(tmp_path: Path, pre
             sys.stdin.readline()
     """)
     with holding(script, str(tmp_path), ready="writing"):
-        assert Journal(tmp_path).recover() == []  # another process holds it: not abandoned
+        assert Journal(tmp_path).recover().restored == []  # another process holds it: not abandoned
         assert (tmp_path / "models/a.json").read_text() == "in progress"
     assert (tmp_path / "models/a.json").read_text() == "in progress"  # it succeeded
     assert entries(tmp_path) == []
@@ -174,7 +174,7 @@ def test_recovery_after_a_kill_between_two_moves(tmp_path: Path, previous: dict[
         {"path": "metrics/b.json", "existed": True, "persist": False, "slot": "1"},
         {"path": "data/new", "existed": False, "persist": False, "slot": "2"}]}
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    assert Journal(tmp_path).recover() == ["train"]
+    assert Journal(tmp_path).recover().restored == ["train"]
     assert snapshot(tmp_path) == previous
 
 

@@ -284,9 +284,9 @@ def _recover_outs(project: Project) -> None:
     warn = partial(err.print, style="yellow", highlight=False)
     try:
         with run_lock(project.root):
-            recover_killed(project.root, warn)
+            recover_killed(project, warn)
     except RunLockedError:  # a run is going on: its record is its own (its stages' entries stay locked)
-        recover_killed(project.root, warn, settle=False)
+        recover_killed(project, warn, settle=False)
 
 
 @app.command()

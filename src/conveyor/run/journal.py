@@ -29,7 +29,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,9 @@ from conveyor.workspace import STATE_DIR, replace_atomically, state_dir
 MANIFEST = "manifest.json"
 LOCK = "lock"
 RECOVERED = "put back the previous outs of '{stage}': its last run was killed"
+KEPT_RECORDED = ("kept the outs of '{stage}' in place: its last run was killed, and the outs there now are the ones "
+                 "its record holds (written and recorded after the kill, by dvc repro or that run); "
+                 "its older outs were dropped")
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,19 @@ def _copy(source: Path, target: Path) -> None:
     else:
         shutil.copy2(source, partial, follow_symlinks=False)
     os.replace(partial, target)
+
+
+# (stage, its outs): whether the outs in the workspace are the ones the project's record holds now
+Recorded = Callable[[str, Sequence[str]], bool]
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What recovery did with the entries of dead processes: stages whose previous outs went
+    back, and stages whose outs stayed because the record holds them (written after the kill)."""
+
+    restored: list[str]
+    kept: list[str]
 
 
 class Entry:
@@ -194,23 +210,24 @@ class Journal:
             else:
                 _move(target, entry.folder / out.slot)
 
-    def recover(self) -> list[str]:
-        """Put back the previous outs of every stage whose process died; returns those stages.
+    def recover(self, recorded: Recorded | None = None) -> Recovered:
+        """Put back the previous outs of every stage whose process died, unless ``recorded`` says
+        the outs in their place are what the project's record holds now (someone wrote and
+        recorded them after the kill: ``dvc repro``, or the killed run itself just before it
+        died): those stay, and the previous versions are dropped.
 
         Entries whose lock is held belong to a stage that is running now (in this or
         another process) and are left alone.
         """
+        done = Recovered([], [])
         if not self.folder.is_dir():
-            return []
-        recovered = []
+            return done
         for folder in sorted(self.folder.iterdir()):
-            stage = self._recover_entry(folder)
-            if stage is not None:
-                recovered.append(stage)
-        return recovered
+            self._recover_entry(folder, recorded, done)
+        return done
 
-    def _recover_entry(self, folder: Path) -> str | None:
-        """Recover one entry if its process died; None when it is still held (or was a draft)."""
+    def _recover_entry(self, folder: Path, recorded: Recorded | None, done: Recovered) -> None:
+        """Recover one entry if its process died; nothing when it is still held (or was a draft)."""
         try:
             lock = (folder / LOCK).open("r")
         except FileNotFoundError:  # dropped meanwhile (its stage just ended), or a draft being made
@@ -226,8 +243,13 @@ class Journal:
                 return None
             data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
             outs = [Kept(o["path"], bool(o["existed"]), bool(o["persist"]), str(o["slot"])) for o in data["outs"]]
-            restore_outs(self.root, folder, outs)
-            return str(data["stage"])
+            stage = str(data["stage"])
+            if recorded is not None and recorded(stage, [o.path for o in outs]):
+                _discard(folder)
+                done.kept.append(stage)
+            else:
+                restore_outs(self.root, folder, outs)
+                done.restored.append(stage)
 
 
 def _remove_stale_draft(folder: Path, age_s: float = 60.0) -> None:

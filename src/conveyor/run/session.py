@@ -18,13 +18,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ProfileError
 from conveyor.plan import dag
 from conveyor.plan.fingerprint import Record
-from conveyor.run.journal import RECOVERED, Journal
+from conveyor.run.journal import KEPT_RECORDED, RECOVERED, Journal
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import RunRecord, begin, now, settle_killed_run
@@ -115,17 +114,24 @@ class RunSession:
         return self.record.reasons(stage)
 
 
-def recover_killed(root: Path, warn: Callable[[str], None], *, settle: bool = True) -> list[str]:
-    """What a killed run left behind: the previous outs of its stages put back and, with
-    ``settle`` (the caller holds the run lock), its record settled as interrupted. ``warn``
-    hears each; returns the stages whose outs were put back."""
-    recovered = Journal(root).recover()
-    for stage in recovered:
+def recover_killed(project: Project, warn: Callable[[str], None], *, settle: bool = True) -> list[str]:
+    """What a killed run left behind: the previous outs of its stages put back (unless the outs
+    in their place are the ones the project's record holds now: written and recorded after the
+    kill, by ``dvc repro`` or that run itself) and, with ``settle`` (the caller holds the run
+    lock), its record settled as interrupted. ``warn`` hears each; returns the stages whose
+    outs were put back."""
+    from conveyor.dvc.record import recorded_in_place
+
+    root = project.root
+    recovered = Journal(root).recover(recorded_in_place(project))
+    for stage in recovered.restored:
         warn(RECOVERED.format(stage=stage))
+    for stage in recovered.kept:
+        warn(KEPT_RECORDED.format(stage=stage))
     killed = settle_killed_run(root) if settle else None
     if killed is not None:
         warn(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"))
-    return recovered
+    return recovered.restored
 
 
 @contextmanager
@@ -142,7 +148,7 @@ def open_session(project: Project, options: RunOptions,
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)
     with run_lock(project.root), record.session():
-        recovered = recover_killed(project.root, warn)
+        recovered = recover_killed(project, warn)
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:
             if stage not in selected:

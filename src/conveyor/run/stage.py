@@ -35,7 +35,7 @@ from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
-from conveyor.workspace import state_dir
+from conveyor.workspace import run_lock, state_dir
 
 
 class StageEvents(Protocol):
@@ -395,11 +395,17 @@ def run_one(project: Project, stage: str) -> None:
     updates it; for any other spec conveyor's own record is. A command's
     output goes to the terminal as well as to the stage's log.
     """
-    from conveyor.dvc.compile import compiled_from
-    from conveyor.dvc.record import open_record
     from conveyor.run.session import recover_killed
 
-    recover_killed(project.root, logging.getLogger("conveyor").warning, settle=False)  # exec takes no run lock
+    with run_lock(project.root):  # beside a `conveyor run` (or another exec), two processes would write one out
+        recover_killed(project, logging.getLogger("conveyor").warning, settle=False)  # exec writes no run record
+        _run_one(project, stage)
+
+
+def _run_one(project: Project, stage: str) -> None:
+    from conveyor.dvc.compile import compiled_from
+    from conveyor.dvc.record import open_record
+
     run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline,
                     stages={stage: StageRecord(reason="forced")})
     record = None if compiled_from(project) else open_record(project)
