@@ -428,7 +428,7 @@ def compile_dvc(
 def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocompletion=_complete_stages, hidden=True)],
                config: SpecOption = None) -> None:
     """Run exactly one stage in this process, with its profile (what dvc.yaml calls)."""
-    from conveyor.run.stage import run_one
+    from conveyor.run.exec_stage import run_one
 
     project = _project(config)
     found = project.expand([stage])

@@ -21,17 +21,23 @@ import logging
 import pickle
 import shlex
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import StageError
 from conveyor.run.context import StageContext, StageProgress
+from conveyor.workspace import state_dir
+
+if TYPE_CHECKING:
+    from conveyor.run.commands import Sink
 
 PROGRESS = "\x1econveyor-progress "  # a line of the child's stdout that is progress, not output
 _EVERY_S = 0.1  # at most this often a progress line
@@ -56,6 +62,29 @@ class Payload:
         path.write_bytes(pickle.dumps(self))
 
 
+def run_isolated(payload: Payload, *, env: Mapping[str, str], timeout_s: float | None, progress: StageProgress,
+                 sink: Sink) -> None:
+    """The parent's side: the task of ``payload`` in a child started with ``env`` over the runner's
+    environment, as a command runs (its own process group, ended on Ctrl-C, at ``timeout_s``,
+    and when this process dies); its lines go to ``sink``, its progress to ``progress``. Raises
+    the task's error as a :class:`StageError`, or :class:`CommandFailed` when the child was
+    killed before it could say."""
+    from conveyor.run.commands import Command, CommandFailed, run_here  # the parent's: the child stays lean
+
+    root, stage = Path(payload.root), payload.stage
+    state_dir(root).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="isolated-", dir=state_dir(root)) as tmp:
+        path = Path(tmp) / "payload.pickle"
+        payload.write(path)
+        command = Command(stage, (command_line(path),), cwd=str(root), env=env, timeout_s=timeout_s)
+        finished = run_here(command, relay(progress, sink))
+        if finished.returncode != 0:
+            summary = error_path(path).read_text(encoding="utf-8") if error_path(path).exists() else ""
+            if not summary:
+                raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
+            raise StageError(stage, summary)
+
+
 def command_line(payload: Path) -> str:
     """The shell command that runs the task of ``payload`` in a fresh interpreter (this one's)."""
     return shlex.join([sys.executable, "-m", "conveyor.run.isolated", str(payload)])
@@ -66,7 +95,7 @@ def error_path(payload: Path) -> Path:
     return payload.with_suffix(".error")
 
 
-def relay(progress: StageProgress, log: Callable[[str, str], None]) -> Callable[[str, str], None]:
+def relay(progress: StageProgress, log: Sink) -> Sink:
     """A command sink for the child's lines: progress lines into ``progress``, the rest to ``log``."""
 
     def sink(stream: str, line: str) -> None:

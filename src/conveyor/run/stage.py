@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-import sys
-import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -26,16 +23,15 @@ from conveyor.run import environment, workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.determinism import pinned_environ
-from conveyor.run.isolated import Payload, command_line, error_path, relay
+from conveyor.run.isolated import Payload, run_isolated
 from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.nanny_env import user_environ
 from conveyor.run.profiles import Profiles, Resources
-from conveyor.run.record import RunRecord, StageRecord, new_run_id, now
+from conveyor.run.record import RunRecord, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
-from conveyor.workspace import run_lock, state_dir
 
 
 class StageEvents(Protocol):
@@ -252,18 +248,8 @@ class StageRunner:
             metrics={m: str(root / m) for m in spec.metrics}, names=dict(spec.names),
             item=self.project.item_of(stage), threads=resources.n_workers if resources.executor is not None else 0,
         )
-        state_dir(root).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f"isolated-{stage}-", dir=state_dir(root)) as tmp:
-            path = Path(tmp) / "payload.pickle"
-            payload.write(path)
-            command = Command(stage, (command_line(path),), cwd=str(root), env=self._environ(stage),
-                              timeout_s=spec.timeout_s)
-            finished = run_here(command, relay(progress, self._sink(log)))
-            if finished.returncode != 0:
-                summary = error_path(path).read_text(encoding="utf-8") if error_path(path).exists() else ""
-                if not summary:  # killed, or died before it could say
-                    raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
-                raise StageError(stage, summary)
+        run_isolated(payload, env=self._environ(stage), timeout_s=spec.timeout_s, progress=progress,
+                     sink=self._sink(log))
 
     def _environ(self, stage: str) -> dict[str, str]:
         """What a stage's process gets over the runner's environment (a command's, or an isolated task's)."""
@@ -371,60 +357,3 @@ def redacted(exc: Exception) -> Exception:
             return RedactedError(short_error(exc))
         chain = chain.__cause__ or chain.__context__
     return exc
-
-
-class _QuietEvents:
-    """Events of a single ``conveyor exec``: one log line each."""
-
-    def started(self, stage: str, profile: str, progress: StageProgress) -> None:
-        logging.getLogger("conveyor").info("%s: running on %s", stage, profile)
-
-    def retrying(self, stage: str, attempt: int, error: str) -> None:
-        logging.getLogger("conveyor").warning("%s: attempt %d failed: %s", stage, attempt, error)
-
-
-def _echo(stream: str, line: str) -> None:
-    print(line, file=sys.stdout if stream == "out" else sys.stderr, flush=True)
-
-
-def run_one(project: Project, stage: str) -> None:
-    """Run exactly one stage now, in this process, with its profile (``conveyor exec``).
-
-    Always runs. Under DVC (the spec dvc.yaml is compiled from) DVC decided it is due and
-    records it itself; for a dvc.yaml run as it is, DVC's record is updated as `conveyor run`
-    updates it; for any other spec conveyor's own record is. A command's
-    output goes to the terminal as well as to the stage's log.
-    """
-    from conveyor.run.session import recover_killed
-
-    with run_lock(project.root):  # beside a `conveyor run` (or another exec), two processes would write one out
-        recover_killed(project, logging.getLogger("conveyor").warning, settle=False)  # exec writes no run record
-        _run_one(project, stage)
-
-
-def _run_one(project: Project, stage: str) -> None:
-    from conveyor.dvc.compile import compiled_from
-    from conveyor.dvc.record import open_record
-
-    run = RunRecord(run_id=new_run_id(), pipeline=project.pipeline.pipeline,
-                    stages={stage: StageRecord(reason="forced")})
-    record = None if compiled_from(project) else open_record(project)
-    with record.session() if record is not None else nullcontext(), \
-            Profiles(project.pipeline.profiles) as profiles:
-        for warning in profiles.check({project.pipeline.stages[stage].on}):
-            logging.getLogger("conveyor").warning("WARNING %s", warning)
-        runner = StageRunner(project, profiles, True, run, _QuietEvents(), record, echo=_echo)
-        runner.on_abandon = _exit_abandoned(runner)
-        runner(stage)
-
-
-def _exit_abandoned(runner: StageRunner) -> Callable[[str], None]:
-    """``conveyor exec`` runs its stage in the main thread: when that stage is abandoned at its
-    timeout (its previous outs already put back), the process ends with its error, exit 1."""
-
-    def give_up(stage: str) -> None:
-        print(str(runner.abandoned(stage)), file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
-
-    return give_up
