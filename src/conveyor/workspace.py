@@ -72,6 +72,24 @@ def _remove_stale_temporaries(folder: Path, name: str) -> None:
             stale.unlink(missing_ok=True)
 
 
+def _dvc_above(pid: int, depth: int = 4) -> str | None:
+    """``dvc repro (pid 123)`` when a DVC command is ``pid`` or one of its nearest ancestors (Linux'
+    /proc); None otherwise or where it cannot be seen."""
+    for _ in range(depth):
+        try:
+            argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+            stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        except OSError:
+            return None
+        program = next((i for i, arg in enumerate(argv[:3]) if os.path.basename(arg) == "dvc"), None)
+        if program is not None:
+            return f"{' '.join(['dvc', *argv[program + 1:program + 2]])} (pid {pid})"
+        pid = int(stat[stat.rfind(")") + 2:].split()[1])  # after "pid (comm) state": the parent
+        if pid <= 1:
+            return None
+    return None
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists (someone else's included)."""
     if pid <= 0:
@@ -95,6 +113,10 @@ def run_lock(root: Path) -> Iterator[None]:
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
+            dvc = _dvc_above(int(holder)) if holder.isdigit() else None
+            if dvc is not None:  # `conveyor exec`, as dvc repro runs a stage
+                raise RunLockedError(f"DVC is running in {root} ({dvc}, running a stage with `conveyor exec`, "
+                                     f"pid {holder}): wait for it to finish, then run again") from None
             raise RunLockedError(f"another conveyor run holds {path} (pid {holder}); wait for it "
                                  "to finish, then run again") from None
         fh.seek(0)

@@ -48,7 +48,8 @@ def test_status_names_a_package_upgrade_and_another_cpu_without_calling_the_stag
     project.write("tasks/steps.py", TASKS)
     project.write("configs/pipeline.yaml", SPEC)
     (project.root / "out").mkdir()
-    assert project.conveyor("run").returncode == 0
+    first = project.conveyor("run")
+    assert first.returncode == 0, first.stdout + first.stderr
     stages = project.record()["stages"]
     assert stages["loose"]["packages"]["numpy"] == np.__version__  # what the task's module imports
     assert "conveyor" not in stages["loose"]["packages"] or stages["loose"]["packages"]["conveyor"]

@@ -48,8 +48,8 @@ def _sh(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def test_outs_that_dvc_repro_recorded_after_a_killed_run_are_never_replaced_by_its_journal(
-        make_project: Callable[[], Project]) -> None:
+def _dvc_project(make_project: Callable[[], Project]) -> Project:
+    """A plain DVC project (no conveyor spec): git, DVC, the one-stage dvc.yaml above, n = 1."""
     project = make_project()
     (project.root / "pyproject.toml").unlink()
     project.write("dvc.yaml", DVC_YAML)
@@ -58,16 +58,28 @@ def test_outs_that_dvc_repro_recorded_after_a_killed_run_are_never_replaced_by_i
     _sh(project, "git", "init", "-q")
     _sh(project, "dvc", "init", "-q")
     _sh(project, "dvc", "config", "core.analytics", "false")
-    first = project.conveyor("run")
-    assert first.returncode == 0, first.stderr
-    assert (project.root / "out.txt").read_text() == "1\n"
+    return project
 
+
+def _hanging(project: Project, *args: str) -> subprocess.Popen[str]:
+    """``conveyor ARGS`` once its stage has written half of out.txt and hangs."""
     (project.root / "hang").write_text("")
-    proc = project.popen("run", "-f")
+    proc = project.popen(*args)
     deadline = time.monotonic() + 120
     while not (project.root / "hang.started").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the stage never started"
         time.sleep(0.05)
+    return proc
+
+
+def test_outs_that_dvc_repro_recorded_after_a_killed_run_are_never_replaced_by_its_journal(
+        make_project: Callable[[], Project]) -> None:
+    project = _dvc_project(make_project)
+    first = project.conveyor("run")
+    assert first.returncode == 0, first.stderr
+    assert (project.root / "out.txt").read_text() == "1\n"
+
+    proc = _hanging(project, "run", "-f")
     proc.kill()  # kill -9: its journal entry (the previous outs) stays for the next command
     proc.communicate(timeout=30)
     assert not project.left_running(grace_s=5)
@@ -92,20 +104,9 @@ def test_outs_that_dvc_repro_recorded_after_a_killed_run_are_never_replaced_by_i
 
 def test_a_killed_run_whose_outs_no_one_recorded_still_gets_its_previous_outs_back(
         make_project: Callable[[], Project]) -> None:
-    project = make_project()
-    (project.root / "pyproject.toml").unlink()
-    project.write("dvc.yaml", DVC_YAML)
-    project.write("write.py", WRITE)
-    project.write("params.yaml", "n: 1\n")
-    _sh(project, "git", "init", "-q")
-    _sh(project, "dvc", "init", "-q")
+    project = _dvc_project(make_project)
     assert project.conveyor("run").returncode == 0
-    (project.root / "hang").write_text("")
-    proc = project.popen("run", "-f")
-    deadline = time.monotonic() + 120
-    while not (project.root / "hang.started").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the stage never started"
-        time.sleep(0.05)
+    proc = _hanging(project, "run", "-f")
     proc.kill()
     proc.communicate(timeout=30)
     assert (project.root / "out.txt").read_text() == "partial"
@@ -119,20 +120,9 @@ def test_a_killed_run_whose_outs_no_one_recorded_still_gets_its_previous_outs_ba
 def test_exec_beside_a_run_refuses_in_one_line(make_project: Callable[[], Project]) -> None:
     """`conveyor exec STAGE` (what dvc repro calls) takes the run lock a run holds: two processes
     never write one out."""
-    project = make_project()
-    (project.root / "pyproject.toml").unlink()
-    project.write("dvc.yaml", DVC_YAML)
-    project.write("write.py", WRITE)
-    project.write("params.yaml", "n: 1\n")
-    _sh(project, "git", "init", "-q")
-    _sh(project, "dvc", "init", "-q")
-    (project.root / "hang").write_text("")
-    proc = project.popen("run")
+    project = _dvc_project(make_project)
+    proc = _hanging(project, "run")
     try:
-        deadline = time.monotonic() + 120
-        while not (project.root / "hang.started").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the stage never started"
-            time.sleep(0.05)
         beside = project.conveyor("exec", "slow")
         assert beside.returncode == 1, beside.stdout + beside.stderr
         assert beside.stderr.strip().startswith("another conveyor run holds") and "Traceback" not in beside.stderr
