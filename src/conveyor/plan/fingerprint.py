@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from conveyor.errors import redact
 from conveyor.spec.project import Project
 from conveyor.workspace import replace_atomically, state_dir
 
@@ -191,7 +192,7 @@ _UNSET = object()
 def _shown(value: Any) -> str:
     if value is _UNSET:
         return "(unset)"
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = redact(value if isinstance(value, str) else json.dumps(value, default=str))  # before cutting: whole URLs
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -408,6 +408,10 @@ def parse_dvc_pipeline(doc: LoadedYaml) -> DvcPipeline:
         raise SpecError(sorted(issues, key=lambda i: i.line or 0)) from None
 
 
+# a file name holds 255 bytes (NAME_MAX): a stage's journal entry is `.NAME-xxxxxxxx.done` while it is dropped
+MAX_NAME = 255 - len(".-xxxxxxxx.done")
+
+
 def parse_pipeline(doc: LoadedYaml, items: Iterable[str] = ()) -> Pipeline:
     """Validate the structure of a loaded spec; every problem is reported at once.
 
@@ -422,6 +426,13 @@ def parse_pipeline(doc: LoadedYaml, items: Iterable[str] = ()) -> Pipeline:
                   "a stage name starts with a letter and holds only letters, digits, _ and -")
         for name in (stages if isinstance(stages, dict) else {})
         if not NAME.match(str(name).partition("@")[0] if name in made else str(name))
+    ]
+    issues += [
+        SpecIssue(doc.path, doc.line(("stages", name)) or doc.line(("stages", str(name).partition("@")[0])),
+                  f"stages.{name}", f"a stage name of {len(str(name).encode())} bytes is too long: a run names "
+                  f"the stage's log file and journal entry after it, which leaves at most {MAX_NAME} bytes"
+                  + ("; shorten the matrix's values or its name" if name in made else ""))
+        for name in (stages if isinstance(stages, dict) else {}) if len(str(name).encode()) > MAX_NAME
     ]
     try:
         pipeline = Pipeline.model_validate(doc.data)
