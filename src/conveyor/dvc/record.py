@@ -322,18 +322,19 @@ def recorded_in_place(project: Project) -> Callable[[str, Sequence[str]], bool]:
     question comes from ``status`` and ``exec`` too, and ``exec`` runs under ``dvc repro``, which
     holds that lock. Hashes as DVC writes them (conveyor's hasher gives DVC's for files and
     directories)."""
+    import yaml
+
     from conveyor.plan.fingerprint import Hasher, LockRecord
 
     hasher = Hasher()
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     def entry(stage: str) -> Mapping[str, Any] | None:
         if project.dvc is None and not compiled_from(project):
             return LockRecord.for_project(project).get(stage)
         lock = (project.dvc.file if project.dvc is not None else dvc_yaml(project)).with_suffix(".lock")
         try:
-            import yaml
-
-            data = yaml.load(lock.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+            data = yaml.load(lock.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a safe loader
         except (OSError, ValueError, yaml.YAMLError):
             return None
         found = data.get("stages", {}).get(stage) if isinstance(data, dict) else None
