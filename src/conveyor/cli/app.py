@@ -224,10 +224,11 @@ def _warn_undeclared_code(project: Project) -> None:
     """A cmd stage's script or a local module it imports that its deps miss: a change to it reruns nothing."""
     from conveyor.spec.scripts import undeclared
 
+    declared_in = project.rel(project.dvc.file if project.dvc is not None else project.spec_path)  # deps live there
     for name, stage in project.pipeline.stages.items():
         if stage.cmd is not None:
             for problem in undeclared(project.root, stage.wdir, stage.commands, stage.deps):
-                err.print(f"warning: {project.rel(project.spec_path)} stages.{name}: {problem}",
+                err.print(f"warning: {declared_in} stages.{name}: {problem}",
                           style="yellow", highlight=False, soft_wrap=True)
 
 
