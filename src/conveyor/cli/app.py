@@ -222,14 +222,10 @@ def validate(config: SpecOption = None) -> None:
 
 def _warn_undeclared_code(project: Project) -> None:
     """A cmd stage's script or a local module it imports that its deps miss: a change to it reruns nothing."""
-    from conveyor.spec.scripts import undeclared
+    from conveyor.spec.scripts import undeclared_code
 
-    declared_in = project.rel(project.dvc.file if project.dvc is not None else project.spec_path)  # deps live there
-    for name, stage in project.pipeline.stages.items():
-        if stage.cmd is not None:
-            for problem in undeclared(project.root, stage.wdir, stage.commands, stage.deps):
-                err.print(f"warning: {declared_in} stages.{name}: {problem}",
-                          style="yellow", highlight=False, soft_wrap=True)
+    for problem in undeclared_code(project):
+        err.print(f"warning: {problem}", style="yellow", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -22,7 +22,7 @@ from pathlib import Path
 from conveyor.run.determinism import PINS
 from conveyor.run.record import RunRecord, StageRecord, load_runs
 from conveyor.spec.project import Project
-from conveyor.spec.scripts import local_imports, scripts
+from conveyor.spec.scripts import command_code
 from conveyor.spec.sources import parse
 
 # the environment variables that choose kernels or threads, where a user set them
@@ -39,13 +39,8 @@ def code_files(project: Project, stage: str) -> list[Path]:
     spec = project.pipeline.stages[stage]
     if spec.task:
         return project.task_sources(stage)
-    cwd = (project.root / (spec.wdir or "")).resolve()
-    files: list[Path] = []
-    for command in spec.commands:
-        for script, as_module in scripts(command, cwd):
-            files.append(script)
-            search = [cwd, project.root] if as_module else [project.root]
-            files += [project.root / found.path for found in local_imports(script, search, project.root)]
+    files = [path for script, imported in command_code(project.root, spec.wdir, spec.commands)
+             for path in (script, *(project.root / found.path for found in imported))]
     return list(dict.fromkeys(files))
 
 

@@ -18,8 +18,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor.spec.sources import parse
+
+if TYPE_CHECKING:
+    from conveyor.spec.project import Project
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _OPTIONS_WITH_VALUE = {"-W", "-X", "-Q"}
@@ -130,10 +134,18 @@ def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
+def command_code(root: Path, wdir: str | None, commands: Sequence[str]) -> Iterator[tuple[Path, list[LocalImport]]]:
+    """Each project script the ``commands`` run (from ``wdir``), with the project modules it imports."""
+    cwd = (root / (wdir or "")).resolve()
+    for command in commands:
+        for script, as_module in scripts(command, cwd):
+            if script.is_relative_to(root):
+                yield script, list(local_imports(script, [cwd, root] if as_module else [root], root))
+
+
 def undeclared(root: Path, wdir: str | None, commands: Sequence[str], deps: Sequence[str]) -> list[str]:
     """What a cmd stage runs from the project without declaring it: its scripts, and the local
     modules they import, that are neither a dep nor inside one; one sentence each."""
-    cwd = (root / (wdir or "")).resolve()
     declared = [(root / dep).resolve() for dep in deps]
 
     def covered(rel: str) -> bool:
@@ -141,18 +153,22 @@ def undeclared(root: Path, wdir: str | None, commands: Sequence[str], deps: Sequ
         return any(path == dep or path.is_relative_to(dep) for dep in declared)
 
     problems: dict[str, str] = {}
-    for command in commands:
-        for script, as_module in scripts(command, cwd):
-            if not script.is_relative_to(root):
-                continue
-            rel = _rel(script, root)
-            if not covered(rel):
-                problems.setdefault(rel, f"it runs {rel}, which is not among its deps: a change to it will not "
-                                         f"rerun the stage; add '{rel}' to its deps")
-            search = [cwd, root] if as_module else [root]
-            for found in local_imports(script, search, root):
-                if not covered(found.path):
-                    problems.setdefault(found.path, f"{found.importer}:{found.line} imports '{found.module}' "
-                                                    f"({found.path}), which is not among its deps: a change to "
-                                                    f"it will not rerun the stage; add '{found.path}' to its deps")
+    for script, imported in command_code(root, wdir, commands):
+        rel = _rel(script, root)
+        if not covered(rel):
+            problems.setdefault(rel, f"it runs {rel}, which is not among its deps: a change to it will not "
+                                     f"rerun the stage; add '{rel}' to its deps")
+        for found in imported:
+            if not covered(found.path):
+                problems.setdefault(found.path, f"{found.importer}:{found.line} imports '{found.module}' "
+                                                f"({found.path}), which is not among its deps: a change to "
+                                                f"it will not rerun the stage; add '{found.path}' to its deps")
     return list(problems.values())
+
+
+def undeclared_code(project: Project) -> list[str]:
+    """``undeclared`` for every cmd stage of ``project``, each sentence after the file and key where its
+    deps are written (the spec, or the dvc.yaml a placement spec runs)."""
+    declared_in = project.rel(project.dvc.file if project.dvc is not None else project.spec_path)
+    return [f"{declared_in} stages.{name}: {problem}" for name, stage in project.pipeline.stages.items()
+            if stage.cmd is not None for problem in undeclared(project.root, stage.wdir, stage.commands, stage.deps)]
