@@ -327,21 +327,16 @@ def recorded_in_place(project: Project) -> Callable[[str, Sequence[str]], bool]:
     from conveyor.plan.fingerprint import Hasher, LockRecord
 
     hasher = Hasher()
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    def entry(stage: str) -> Mapping[str, Any] | None:
-        if project.dvc is None and not compiled_from(project):
-            return LockRecord.for_project(project).get(stage)
-        lock = (project.dvc.file if project.dvc is not None else dvc_yaml(project)).with_suffix(".lock")
-        try:
-            data = yaml.load(lock.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a safe loader
-        except (OSError, ValueError, yaml.YAMLError):
-            return None
-        found = data.get("stages", {}).get(stage) if isinstance(data, dict) else None
-        return found if isinstance(found, Mapping) else None
+    if project.dvc is None and not compiled_from(project):
+        lock = LockRecord.for_project(project)
+    else:  # dvc.lock: the same reader (it reads YAML as well as conveyor's JSON)
+        lock = LockRecord((project.dvc.file if project.dvc is not None else dvc_yaml(project)).with_suffix(".lock"))
 
     def check(stage: str, paths: Sequence[str]) -> bool:
-        recorded = entry(stage)
+        try:
+            recorded = lock.get(stage)
+        except (OSError, ValueError, yaml.YAMLError):  # unreadable: no one vouches, the journal puts back
+            return False
         spec = project.pipeline.stages.get(stage)
         if recorded is None or spec is None:
             return False
