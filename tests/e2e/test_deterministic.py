@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 from conftest import Project
@@ -19,6 +21,8 @@ from conveyor.run.determinism import PINS, pinned_environ
 TASKS = '''
 import json
 import os
+import subprocess
+import sys
 
 SEEN = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "NPY_DISABLE_CPU_FEATURES")
 
@@ -131,3 +135,16 @@ def test_the_pins_add_to_glibc_tunables_a_user_already_set() -> None:
     assert pins["GLIBC_TUNABLES"].startswith("glibc.malloc.arena_max=2:glibc.cpu.hwcaps=-AVX2,-FMA")
     assert pinned_environ({})["GLIBC_TUNABLES"].startswith("glibc.cpu.hwcaps=")
     assert pinned_environ(dict(os.environ))["NPY_ENABLE_CPU_FEATURES"] == ""  # NumPy refuses both set at once
+
+
+def test_the_pins_are_worked_out_without_importing_numpy_in_the_runner() -> None:
+    """Importing NumPy from a stage's thread raced a task importing it in another (a half-initialised module)."""
+    probe = ("import sys\nfrom conveyor.run.determinism import pinned_environ\n"
+             "pins = pinned_environ({})\nassert 'numpy' not in sys.modules, 'numpy imported'\n"
+             "print(pins.get('NPY_DISABLE_CPU_FEATURES', ''))")
+    checked = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    import numpy as np
+
+    dispatched = getattr(np._core._multiarray_umath, "__cpu_dispatch__", [])
+    assert checked.stdout.split() == list(dispatched)

@@ -30,6 +30,10 @@ run repeatable on one GPU, not across GPUs).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Mapping
 
 # kernel paths pinned for every library that reads its setting from the environment
@@ -64,12 +68,40 @@ def pinned_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def numpy_dispatched() -> list[str]:
-    """The CPU features this NumPy build dispatches to at run time (its baseline is compiled in)."""
-    import importlib
+    """The CPU features this NumPy build dispatches to at run time (its baseline is compiled in).
 
-    for name in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1
-        try:
-            return list(getattr(importlib.import_module(name), "__cpu_dispatch__", []))
-        except ImportError:
-            continue
-    return []
+    Asked of a child interpreter, once per process: importing NumPy here, from a stage's thread,
+    races a task importing it in another thread (CPython then hands one of them a partially
+    initialised ``_multiarray_umath``: "cannot import name '__cpu_features__'").
+    """
+    global _DISPATCHED
+    with _DISPATCHED_LOCK:
+        if _DISPATCHED is None:
+            _DISPATCHED = _ask_numpy()
+        return list(_DISPATCHED)
+
+
+_DISPATCHED: list[str] | None = None
+_DISPATCHED_LOCK = threading.Lock()
+_PROBE = """
+import importlib
+for name in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1
+    try:
+        print(" ".join(getattr(importlib.import_module(name), "__cpu_dispatch__", [])))
+        break
+    except ImportError:
+        continue
+"""
+
+
+def _ask_numpy() -> list[str]:
+    loaded = sys.modules.get("numpy._core._multiarray_umath") or sys.modules.get("numpy.core._multiarray_umath")
+    features = getattr(loaded, "__cpu_dispatch__", None)  # absent while a module is half initialised
+    if features is not None:
+        return list(features)
+    try:
+        probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "NPY_DISABLE_CPU_FEATURES": "", "NPY_ENABLE_CPU_FEATURES": ""})
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return probe.stdout.split() if probe.returncode == 0 else []
