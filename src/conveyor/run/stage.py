@@ -42,11 +42,18 @@ class StageEvents(Protocol):
     def retrying(self, stage: str, attempt: int, error: str) -> None: ...
 
 
+# one task module imported at a time: stages start in threads, and two threads importing NumPy (or
+# any package with an import cycle) at once can each get the other's half-initialised module
+# (numpy/numpy#21223, python/cpython#91238)
+_IMPORTING = threading.RLock()
+
+
 def load_task(project: Project, stage: str) -> Callable[[StageContext], None]:
     """Import the stage's task function (only when the stage really runs)."""
     spec = project.pipeline.stages[stage]
     ensure_importable(project.root)
-    fn = getattr(importlib.import_module(spec.module), spec.function)
+    with _IMPORTING:
+        fn = getattr(importlib.import_module(spec.module), spec.function)
     if not callable(fn):
         raise StageError(stage, f"{spec.task} is not callable")
     return fn  # type: ignore[no-any-return]
