@@ -10,9 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import psutil
 
 
 @contextmanager
@@ -49,3 +52,22 @@ def stop_group(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def marked(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``tag`` in CONVEYOR_TEST_MARK (a test's own children)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("CONVEYOR_TEST_MARK") == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_until_none(tag: str, timeout: float = 5.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (left := marked(tag)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left

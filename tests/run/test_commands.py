@@ -13,30 +13,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from distributed import Client, LocalCluster
+from subprocs import marked, wait_until_none
 
 from conveyor.run.commands import Command, CommandTimeout, Finished, run_here, run_on_worker
-
-
-def marked(tag: str) -> list[psutil.Process]:
-    """Live processes whose environment carries this test's tag."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("CONVEYOR_TEST_MARK") == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def wait_until_none(tag: str, timeout: float = 5.0) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (left := marked(tag)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 def command(tmp_path: Path, *commands: str, timeout_s: float | None = None, **env: str) -> Command:
