@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from conveyor.errors import StageError, plain
+from conveyor.run.guard import descendants, signal_all
 from conveyor.run.nanny_env import user_environ
 
 if TYPE_CHECKING:
@@ -150,17 +151,40 @@ def kill_group(guard: subprocess.Popen[bytes], *, grace_s: float = 0.0) -> None:
     """End every process of the command: SIGTERM first when given a grace, then SIGKILL.
 
     The group outlives its leader while any member lives, and its id is not reused while
-    it exists, so this is safe after the guard itself has exited.
+    it exists, so this is safe after the guard itself has exited. What left the group under
+    the guard (a daemon: see :mod:`conveyor.run.guard`) is listed before the guard is signalled,
+    as it is orphaned the moment the guard dies, and signalled with it.
     """
+    # only while the guard is unreaped is its pid its own (listed later, it could be anyone's)
+    escaped = [pid for pid in descendants(guard.pid) if _group_of(pid) != guard.pid] if guard.poll() is None else []
     if grace_s > 0 and _signal_group(guard.pid, signal.SIGTERM):
+        signal_all(escaped, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             guard.poll()  # reaped, the guard no longer counts as a member
-            if not _signal_group(guard.pid, 0):
+            if not _signal_group(guard.pid, 0) and not any(_alive(pid) for pid in escaped):
                 break
             time.sleep(0.05)
     _signal_group(guard.pid, signal.SIGKILL)
+    signal_all(escaped, signal.SIGKILL)
     guard.wait()
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -246,7 +270,9 @@ def cancel_on_worker(token: str) -> None:
     with _RUNNING_LOCK:
         guard = _RUNNING.get(token)
     if guard is not None:
+        escaped = descendants(guard.pid) if guard.poll() is None else []
         _signal_group(guard.pid, signal.SIGKILL)
+        signal_all(escaped, signal.SIGKILL)
 
 
 class _Batch:

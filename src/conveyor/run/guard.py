@@ -7,38 +7,128 @@ pipe whose other end only the runner holds: when the runner dies, even by kill -
 kernel closes it, the guard reads end-of-file and kills the whole group. Commands run one
 after another, as DVC runs a list ``cmd``; the first that fails ends the stage.
 
+A process that leaves the group (``setsid server &``, a daemon's double fork: what
+``mlflow server &`` or ``tensorboard &`` do) is still the guard's: on Linux the guard is a
+child subreaper (``PR_SET_CHILD_SUBREAPER``), so an orphaned descendant becomes its child
+instead of init's. When the commands end the guard stops every process still under it;
+when the runner kills the group it first lists the guard's descendants (:func:`descendants`)
+and signals those that left the group too. Elsewhere (no ``/proc``, no prctl) only the
+process group is covered.
+
 Standard library only, and no import of conveyor: it starts in a few milliseconds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+ESCAPED_GRACE_S = 2.0  # between SIGTERM and SIGKILL of what the commands left running
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid``, read from the parent links in ``/proc`` ([] without /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if fields[0] != b"Z":  # a zombie has ended: only its parent's wait is missing
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _become_subreaper() -> None:
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError:
+        return "?"
+
+
+def _stop_left_running() -> None:
+    """SIGTERM what the commands left running under the guard, SIGKILL it after a grace, reap it."""
+    left = descendants(os.getpid())
+    if left:
+        named = "; ".join(f"pid {pid}: {_command_line(pid)}" for pid in left)
+        print(f"conveyor: stopping {len(left)} process(es) the stage's commands left running ({named})",
+              file=sys.stderr, flush=True)
+        signal_all(left, signal.SIGTERM)
+    kill_after = time.monotonic() + ESCAPED_GRACE_S
+    while left:
+        _reap_children()
+        time.sleep(0.02)
+        left = descendants(os.getpid())
+        if left and time.monotonic() > kill_after:
+            signal_all(left, signal.SIGKILL)
+    _reap_children()
+
+
+def _reap_children() -> None:
+    """Collect the exit status of ended children (orphans the guard adopted as subreaper)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 def _watch_runner() -> None:
-    """Block on stdin until the runner's end closes, then kill this process group."""
+    """Block on stdin until the runner's end closes, then kill this process group and what left it."""
     try:
         while os.read(0, 4096):
             pass
     except OSError:
         pass
+    signal_all(descendants(os.getpid()), signal.SIGKILL)
     os.killpg(0, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:
     commands = json.loads(argv[1])
     shell = json.loads(argv[2]) if len(argv) > 2 else ["/bin/sh", "-c"]
+    _become_subreaper()
     threading.Thread(target=_watch_runner, daemon=True).start()
-    for command in commands:
-        code = subprocess.call([*shell, command], stdin=subprocess.DEVNULL)
-        if code != 0:
-            return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
-    return 0
+    try:
+        for command in commands:
+            code = subprocess.call([*shell, command], stdin=subprocess.DEVNULL)
+            if code != 0:
+                return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
+        return 0
+    finally:
+        _stop_left_running()
 
 
 if __name__ == "__main__":
