@@ -20,7 +20,7 @@ from rich.text import Text
 from conveyor.run import capture
 from conveyor.run.context import StageProgress
 from conveyor.run.logs import logs_dir
-from conveyor.run.record import RunRecord, record_path
+from conveyor.run.record import INPUTS_CHANGED, RunRecord, record_path
 from conveyor.run.schedule import Outcome
 from conveyor.run.session import UP_TO_DATE
 from conveyor.spec.project import Project
@@ -128,6 +128,9 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
         lines.append(_whole("  its log: ", f"{logs}/{name}.log  (conveyor logs {name})"))
     if record.not_run:
         lines.append(Text(f"not run: {', '.join(record.not_run)}", style="yellow"))
+    for name, st in record.stages.items():
+        if st.inputs_changed:
+            lines.append(Text(f"{name}: {'; '.join(st.inputs_changed)}: {INPUTS_CHANGED}", style="yellow"))
     lines += _metrics_lines(record, project)
     written = [out for name, st in record.stages.items() if st.status == "succeeded"
                for out in project.pipeline.stages[name].outs]

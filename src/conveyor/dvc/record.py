@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
+from conveyor.dvc.inputs import as_started, command_changes, started_inputs
 from conveyor.errors import RunLockedError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
 from conveyor.spec.project import Project
@@ -107,6 +108,7 @@ class DvcRecord:
         self._code = {name: set(code_paths(project, name)) for name in project.order}
         self._stages: dict[str, PipelineStage] = {}
         self._locked: set[str] = set()
+        self._started: dict[str, dict[str, tuple[Any, Any]]] = {}  # a running stage's deps: (hash, meta) by path
 
     @contextmanager
     def session(self) -> Iterator[DvcRecord]:
@@ -187,16 +189,36 @@ class DvcRecord:
                 return [f"DVC cannot check it: {exc}"]
             entries = status.get(st.addressing, [])
             paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
-            return [r for entry in entries
-                    for r in _reason(entry, self._code[stage], partial(_params, st), self.project.root, paths)]
+            reasons = [r for entry in entries
+                       for r in _reason(entry, self._code[stage], partial(_params, st), self.project.root, paths)]
+            if "changed command" in entries:  # only because a ${param} in it changed? say which
+                explained = command_changes(st, self._recorded_cmd(stage))
+                if explained is not None:
+                    at = reasons.index("command changed")
+                    reasons[at:at + 1] = [r for r in explained if r not in reasons]
+            return reasons
+
+    def _recorded_cmd(self, stage: str) -> Any:
+        """The stage's command as dvc.lock records it."""
+        import yaml
+
+        try:
+            lock = yaml.load(self.file.with_suffix(".lock").read_text(encoding="utf-8"),
+                             Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+        except (OSError, yaml.YAMLError):
+            return None
+        return ((lock or {}).get("stages") or {}).get(stage, {}).get("cmd")
 
     def prepare(self, stage: str) -> None:
-        """What ``dvc repro`` does to a stage's outs before its command: a ``persist`` out linked
-        from the cache is made a copy, so the command cannot change the cache through it."""
+        """What ``dvc repro`` does to a stage's outs before its command (a ``persist`` out linked
+        from the cache is made a copy, so the command cannot change the cache through it), and
+        what DVC does not: the stage's deps and params as it starts, to record those."""
         with self._mutex:
-            for out in self._stage(stage).outs:
+            st = self._stage(stage)
+            for out in st.outs:
                 if out.persist and out.exists:
                     out.unprotect()
+            self._started[stage] = started_inputs(st)
 
     def restore(self, stage: str) -> bool:
         """Check the stage's outs out of DVC's run cache when it ran before with these very deps,
@@ -214,16 +236,25 @@ class DvcRecord:
                 return False
         return True
 
-    def save(self, stage: str) -> None:
-        """Record a success as ``dvc repro`` does: hashes (and the run cache, unless an out is
-        uncached), outs into the DVC cache, the stage's entry in dvc.lock."""
+    def save(self, stage: str) -> list[str]:
+        """Record a success as ``dvc repro`` does (hashes and the run cache, unless an out is
+        uncached; outs into the DVC cache; the stage's entry in dvc.lock), with one difference:
+        deps and params that changed while the stage ran are recorded as they were when it
+        started, not as DVC reads them afterwards (dvc#11058), so the stage is stale, and no
+        run cache entry claims its outs came from the new values. Returns those changes."""
         with self._mutex:
             st = self._stage(stage)
             uncached = any(not o.use_cache for o in st.outs if not (o.is_metric or o.is_plot))
-            st.save(run_cache=not uncached)
+            st.save(run_cache=False)
+            changed = as_started(st, self._started.pop(stage, {}))
+            if changed:
+                st.md5 = st.compute_md5()
+            elif not uncached:
+                st.repo.stage_cache.save(st)
             st.commit()
             self._dump_lock(st)
             self._locked.add(stage)
+        return changed
 
     def _dump_lock(self, st: PipelineStage) -> None:
         """The stage's entry into dvc.lock as DVC's ``Lockfile.dump_stages`` writes it (its

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -136,10 +136,18 @@ def data_deps(project: Project, stage: str) -> list[str]:
 def current_state(project: Project, stage: str, hasher: Hasher) -> StageState:
     """The stage's fingerprint as the workspace is now (missing paths are left out)."""
     spec = project.pipeline.stages[stage]
-    dep_paths = list(dict.fromkeys([*data_deps(project, stage), *code_paths(project, stage)]))
-    deps = tuple(e for p in dep_paths if (e := _entry(project.root, p, hasher)) is not None)
+    deps = current_deps(project, stage, hasher)
     outs = tuple(e for p in spec.written if (e := hasher.entry(project.root, p)) is not None)
     return StageState(stage_cmd(stage, project), deps, project.stage_params(stage), outs, spec.wdir)
+
+
+def current_deps(project: Project, stage: str, hasher: Hasher) -> tuple[Entry, ...]:
+    """The stage's deps (data and code) as the workspace holds them now (missing paths are left out).
+
+    The params are not read here: a run takes them once, as the project loads, and hands the
+    stage those values."""
+    dep_paths = list(dict.fromkeys([*data_deps(project, stage), *code_paths(project, stage)]))
+    return tuple(e for p in dep_paths if (e := _entry(project.root, p, hasher)) is not None)
 
 
 def _entry(root: Path, path: str, hasher: Hasher) -> Entry | None:
@@ -278,7 +286,8 @@ class Record(Protocol):
         ...
 
     def prepare(self, stage: str) -> None:
-        """Just before ``stage`` runs (DVC: a ``persist`` out linked from its cache becomes a copy)."""
+        """Just before ``stage`` runs: what it runs with is noted (its deps and params), and
+        (DVC) a ``persist`` out linked from its cache becomes a copy."""
         ...
 
     def restore(self, stage: str) -> bool:
@@ -286,8 +295,10 @@ class Record(Protocol):
         (DVC's run cache); False when there is none."""
         ...
 
-    def save(self, stage: str) -> None:
-        """Record that ``stage`` just succeeded, as the workspace is now."""
+    def save(self, stage: str) -> list[str]:
+        """Record that ``stage`` just succeeded: its outs as they are now, its deps and params as
+        they were when it started (:meth:`prepare`). Returns what changed in between (``params
+        changed: train.lr 0.1 → 0.2``, ``dep changed: data.csv``), which leaves it stale."""
         ...
 
 
@@ -298,6 +309,7 @@ class FingerprintRecord:
         self.project = project
         self.hasher = hasher or Hasher()
         self.lock = LockRecord.for_project(project)
+        self._started: dict[str, tuple[Entry, ...]] = {}  # a running stage's deps, as it started
 
     def session(self) -> AbstractContextManager[Any]:
         return nullcontext(self)
@@ -307,14 +319,21 @@ class FingerprintRecord:
         return stale_reasons(self.project, stage, state, self.lock.get(stage))
 
     def prepare(self, stage: str) -> None:
-        pass
+        self._started[stage] = current_deps(self.project, stage, self.hasher)
 
     def restore(self, stage: str) -> bool:
         return False
 
-    def save(self, stage: str) -> None:
+    def save(self, stage: str) -> list[str]:
         state = current_state(self.project, stage, self.hasher)
+        started = self._started.pop(stage, None)
+        changed: list[str] = []
+        if started is not None and started != state.deps:
+            was, now = {e.path: e.md5 for e in started}, {e.path: e.md5 for e in state.deps}
+            changed = [f"dep changed: {path}" for path in dict.fromkeys([*was, *now]) if was.get(path) != now.get(path)]
+            state = replace(state, deps=started)  # what it ran with: stale now, as it should be
         self.lock.save(stage, state, self.project.rel(self.project.params_path))
+        return changed
 
 
 def plan(project: Project, selected: set[str], record: Record, *, force: bool = False) -> dict[str, list[str]]:

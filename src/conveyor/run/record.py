@@ -73,6 +73,9 @@ def new_run_id() -> str:
     return f"{now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
+INPUTS_CHANGED = "changed while it ran, recorded as it started (so it is stale: run again)"
+
+
 @dataclass
 class StageRecord:
     """How one stage went in one run."""
@@ -92,6 +95,7 @@ class StageRecord:
     deterministic: dict[str, str] | None = None  # the pinned environment it ran with (deterministic: true)
     packages: dict[str, str] | None = None  # distribution -> version, of the packages its code imports
     cpu: dict[str, str] | None = None  # the CPU's instruction-set level, threads, kernel variables set
+    inputs_changed: list[str] = field(default_factory=list)  # deps/params changed while it ran: stale after it
 
     @property
     def where(self) -> str:

@@ -76,8 +76,8 @@ class ForcedRecord:
     def restore(self, stage: str) -> bool:
         return stage not in self.forced and self.inner.restore(stage)
 
-    def save(self, stage: str) -> None:
-        self.inner.save(stage)
+    def save(self, stage: str) -> list[str]:
+        return self.inner.save(stage)
 
 
 @dataclass

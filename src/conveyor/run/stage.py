@@ -28,7 +28,7 @@ from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.nanny_env import user_environ
 from conveyor.run.profiles import Profiles, Resources
-from conveyor.run.record import RunRecord, now
+from conveyor.run.record import INPUTS_CHANGED, RunRecord, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
@@ -192,7 +192,10 @@ class StageRunner:
                 if too_late is not None:  # it ended after all, too late: its outs went back
                     raise too_late
                 if self.record is not None:
-                    self.record.save(stage)
+                    changed = self.record.save(stage)
+                    if changed:
+                        self.run.stages[stage].inputs_changed = changed
+                        log.line("log", f"{INPUTS_CHANGED}: {'; '.join(changed)}")
 
     def _import(self, stage: str, progress: StageProgress) -> Callable[[StageContext], None]:
         """The task function; the live view says what is importing (torch alone takes seconds)."""
