@@ -143,6 +143,25 @@ class PrefectServerError(ConveyorError):
     """The temporary Prefect server a run starts (no PREFECT_API_URL) did not answer."""
 
 
+@dataclass
+class PrefectServerGone(PrefectServerError):
+    """The Prefect server a run records in does not answer: at the start (``while_running`` False:
+    nothing ran), or it stopped answering during the run (its stages ran and are recorded; only
+    Prefect's copy of the run is incomplete). ``why``: what the probe found."""
+
+    url: str
+    why: str
+    while_running: bool = False
+    recorded_in: str = "dvc.lock and .conveyor/runs"  # where the stages' outcomes are
+
+    def __str__(self) -> str:
+        if self.while_running:
+            return (f"the Prefect server at {self.url} stopped answering ({self.why}): the run's stages are "
+                    f"recorded in {self.recorded_in}; its flow run in Prefect is incomplete")
+        return (f"the Prefect server at {self.url} does not answer ({self.why}): start it, or unset "
+                "PREFECT_API_URL to run with a temporary server")
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped the command; ``signal_name`` says which.
 

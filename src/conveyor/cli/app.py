@@ -172,13 +172,17 @@ def run(
 
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
     """Run the session's due stages as a Prefect flow: on the configured server, else a temporary one."""
-    from conveyor.run.record import begin, close_before_flow
+    from conveyor.errors import PrefectServerGone
+    from conveyor.run.record import begin, close_before_flow, fail_run
 
     # "running" from here on, before a temporary server starts (seconds): a run killed even
     # then leaves a record, which the next command settles as interrupted
     begin(project, session.selected, run_id, session.options.overrides).write(project.root)
     try:
         return _flow_on_server(project, session, run_id, verbose)
+    except PrefectServerGone as exc:  # the stages keep their outcome; the run failed for the server
+        fail_run(project, run_id, str(exc))
+        raise
     except Exception as exc:  # e.g. the server did not start: the record must not stay "running"
         from conveyor.run.stage import short_error
 
@@ -188,19 +192,20 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
 
 
 def _flow_on_server(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
-    from conveyor.prefect.server import prefect_api
+    from conveyor.prefect.server import lost_while_running, prefect_api
     from conveyor.run.capture import capture_output
     from conveyor.run.logs import log_path
 
     # Prefect is imported (by prefect_api, while a temporary server starts) before the capture:
     # its console handler keeps the real stderr, which the capture then sends to run.log.
-    with prefect_api(log_path(project.root, run_id, "prefect-server")):
+    with prefect_api(log_path(project.root, run_id, "prefect-server")) as url:
         from prefect.exceptions import TerminationSignal
 
         from conveyor.prefect.flow import run_pipeline
 
         # The terminal shows the live view; everything else is in the logs (run.log: Prefect, Dask workers, ...).
-        with capture_output(log_path(project.root, run_id, "run"), verbose=verbose):
+        with capture_output(log_path(project.root, run_id, "run"), verbose=verbose), \
+                lost_while_running(url, _recorded_in(session)):
             try:
                 record = run_pipeline(session, run_id)
             except TerminationSignal as exc:  # Prefect's flow turns SIGTERM into this
@@ -208,6 +213,14 @@ def _flow_on_server(project: Project, session: RunSession, run_id: str, verbose:
         # Prefect's workers drain at exit and log that at INFO on the terminal, below the summary
         logging.getLogger("prefect").setLevel(logging.WARNING)
     return record
+
+
+def _recorded_in(session: RunSession) -> str:
+    """Where a run's stages are recorded: dvc.lock (DVC's record), else conveyor's own, and the run record."""
+    from conveyor.dvc.record import DvcRecord
+
+    record = getattr(session.record, "inner", session.record)  # a ForcedRecord wraps the project's record
+    return "dvc.lock and .conveyor/runs" if isinstance(record, DvcRecord) else ".conveyor/locks and .conveyor/runs"
 
 
 @app.command()
@@ -497,16 +510,18 @@ _SLOW_TEARDOWN = ("torch", "prefect", "distributed", "xgboost", "dvc")
 
 def _exit(code: int) -> NoReturn:
     """Exit with ``code``; without waiting for the thread of a stage abandoned at its timeout
-    (blocked in a C call: its outs were put back and its record written).
+    (blocked in a C call: its outs were put back and its record written), nor for Prefect's
+    workers to send what they hold to a server that stopped answering (they would for minutes).
 
     Once torch, Prefect, Dask, XGBoost or DVC are imported, the exit is the interpreter's own
     minus its last step: threads are joined and every exit handler runs (Prefect's,
     logging's, multiprocessing's, thread pools'), then the process ends without tearing its
     modules down, which after a run takes 0.3-2 s and keeps nothing.
     """
+    from conveyor.prefect.server import lost
     from conveyor.run.watchdog import stuck
 
-    if stuck():
+    if stuck() or lost():  # a blocked stage's thread; Prefect's workers waiting on a server that is gone
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

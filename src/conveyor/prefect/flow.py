@@ -30,6 +30,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from conveyor.cli.history import artifact_rows
 from conveyor.cli.view import RunView
 from conveyor.errors import Interrupted, UsageError
+from conveyor.prefect.server import raise_if_gone
 from conveyor.run import capture
 from conveyor.run.environment import History
 from conveyor.run.metrics import stage_metrics
@@ -336,6 +337,7 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
         run.write(project.root)
         # the flow may be the project's own, on Prefect's default task runner (a deployment's)
         let_go(getattr(FlowRunContext.get(), "task_runner", None), only_if_stuck=True)
+    raise_if_gone()  # the record is written: a server that stopped answering gets no artifacts
     create_markdown_artifact(_summary_markdown(run), key="conveyor-run-summary",
                              description=f"conveyor run {run.run_id}")
     create_table_artifact(artifact_rows(run), key="conveyor-run-params-metrics",  # = `conveyor compare RUN`

@@ -11,11 +11,17 @@ runner is killed (the kernel's parent-death signal), and Ctrl-C in the terminal 
 the runner, which stops it after Prefect's log and event workers have drained. Like
 Prefect's own, it keeps its database under ``PREFECT_HOME``, so past runs show in a
 ``prefect server start`` later.
+
+Either server belongs to the run only as its observer: one that does not answer at the start
+stops the run before anything runs (:func:`check_answers`), one that stops answering mid-run
+costs no stage (:func:`lost_while_running`), and Prefect's client is bounded in this process
+(:func:`bound_client`) so that neither holds the runner for minutes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib
 import os
 import socket
@@ -23,17 +29,28 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conveyor.errors import PrefectServerError
+from conveyor.errors import PrefectServerError, PrefectServerGone
 from conveyor.run.nanny_env import user_environ
 
 STARTUP_TIMEOUT_S = 120.0
 # The URL of the temporary server while a run uses it (it has no UI and ends with the run).
 TEMPORARY: list[str] = []
+# The URLs of servers that stopped answering during this process: nothing is left to send them,
+# so the process ends without Prefect's drain at exit (which would wait on them for minutes).
+LOST: list[str] = []
+
+# Prefect's client waits 60 s for an answer and retries 5 times (2 + 4 + ... + 32 s): a server that
+# died or hangs held a finished run for minutes. Bounded in the runner's process only (the user's
+# profile is left alone), unless the environment sets them.
+BOUNDED_CLIENT = {"PREFECT_API_REQUEST_TIMEOUT": "10", "PREFECT_CLIENT_MAX_RETRIES": "1"}
+PROBE_TIMEOUT_S = 5.0  # for a server to answer /health before a run starts
+DRAIN_TIMEOUT_S = 10.0  # for Prefect's log and event workers to send what they hold, each
 
 # A parent-death signal, then uvicorn: set before exec, so the server dies with the runner
 # even when the runner is killed with SIGKILL (PR_SET_PDEATHSIG = 1; it survives exec).
@@ -60,6 +77,70 @@ def _free_port() -> int:
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+_PROXIED = urllib.request.build_opener()  # elsewhere: through the proxies of the environment, as Prefect's client
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def unanswered(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the Prefect API at ``url`` does not answer ``/health`` within ``timeout_s``; None when it
+    answers. Any HTTP answer counts (a server that asks for credentials is there: Prefect says the rest)."""
+    opener = _DIRECT if urllib.parse.urlsplit(url).hostname in _LOOPBACK else _PROXIED
+    try:
+        with opener.open(f"{url.rstrip('/')}/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, http.client.HTTPException) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout_s:g} s"
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        return str(reason) or type(reason).__name__
+
+
+def check_answers(url: str) -> None:
+    """A run records in the server at ``url``: it must answer before anything starts."""
+    why = unanswered(url)
+    if why is not None:
+        raise PrefectServerGone(url, why)
+
+
+@contextmanager
+def lost_while_running(url: str, recorded_in: str) -> Iterator[None]:
+    """Prefect's error, in the block, from a server at ``url`` that stopped answering becomes
+    :class:`PrefectServerGone` (its one line instead of Prefect's traceback); any other error
+    stays what it is. ``recorded_in``: where the run's stages are recorded, for that line."""
+    try:
+        yield
+    except Exception as exc:
+        why = unanswered(url)
+        if why is None:
+            raise
+        LOST.append(url)
+        raise PrefectServerGone(url, why, while_running=True, recorded_in=recorded_in) from exc
+
+
+def raise_if_gone() -> None:
+    """Inside a flow run: :class:`PrefectServerGone` now if its server stopped answering, rather
+    than once each call still to make (artifacts, states) has waited out the client's retries."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    why = unanswered(url) if url else None
+    if url and why is not None:
+        LOST.append(url)
+        raise PrefectServerGone(url, why, while_running=True)
+
+
+def bound_client() -> None:
+    """Bounded request timeouts and retries for Prefect's client in this process (see BOUNDED_CLIENT)."""
+    for name, value in BOUNDED_CLIENT.items():
+        os.environ.setdefault(name, value)
+    if "prefect.settings" in sys.modules:  # imported already: its settings are read again
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
 
 
 class TemporaryServer:
@@ -137,14 +218,36 @@ def _may_be_configured(cwd: Path) -> bool:
     return False
 
 
-def _drain_prefect() -> None:
-    """Send what Prefect's log and event workers still hold, while the server is up."""
+def _drain_prefect(url: str) -> None:
+    """Send what Prefect's log and event workers still hold, while the server is up. When a worker
+    has not sent it all within :data:`DRAIN_TIMEOUT_S` and the server no longer answers, the
+    server is lost: the process ends without waiting on it again at exit (for minutes)."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
+    if url in LOST:
+        return
     for worker in (APILogWorker, EventsWorker):
+        drained: object = None
         with contextlib.suppress(Exception):  # losing a late log line must not fail a finished run
-            worker.drain_all(timeout=10)
+            drained = worker.drain_all(timeout=DRAIN_TIMEOUT_S)
+        if isinstance(drained, tuple) and drained[1] and unanswered(url) is not None:  # (done, not done)
+            LOST.append(url)
+            return
+
+
+def lost() -> bool:
+    """Whether a server this process recorded in stopped answering (its exit must not wait on it)."""
+    return bool(LOST)
+
+
+@contextmanager
+def _draining(url: str) -> Iterator[str]:
+    """``url``, and Prefect's workers drained (bounded) when the block ends, rather than at exit."""
+    try:
+        yield url
+    finally:
+        _drain_prefect(url)
 
 
 @contextmanager
@@ -155,9 +258,12 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
     server starts (the Prefect door, which imports Prefect).
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    bound_client()
     if os.environ.get("PREFECT_API_URL"):
+        check_answers(os.environ["PREFECT_API_URL"])  # before the seconds of importing Prefect
         importlib.import_module(preload)
-        yield os.environ["PREFECT_API_URL"]
+        with _draining(os.environ["PREFECT_API_URL"]) as url:
+            yield url
         return
     server = TemporaryServer(log)
     if not _may_be_configured(Path.cwd()):
@@ -170,7 +276,9 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
         configured = PREFECT_API_URL.value()
         if configured:  # a profile or settings file names a server: use it, ours is not needed
             server.stop()
-            yield str(configured)
+            check_answers(str(configured))
+            with _draining(str(configured)) as url:
+                yield url
             return
         if server.process is None:
             server.start()
@@ -183,7 +291,7 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
         try:
             yield server.api_url
         finally:
-            _drain_prefect()
+            _drain_prefect(server.api_url)
             TEMPORARY.remove(server.api_url)
             os.environ.pop("PREFECT_API_URL", None)
             refresh_global_settings_context()

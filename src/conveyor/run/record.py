@@ -111,6 +111,7 @@ class RunRecord:
     run_id: str
     pipeline: str
     status: str = "running"
+    reason: str = ""  # why the run failed when no stage did (its Prefect server stopped answering)
     started: str = field(default_factory=lambda: now().isoformat())
     finished: str | None = None
     wall_s: float = 0.0
@@ -258,6 +259,18 @@ def close_before_flow(project: Project, run_id: str, *, interrupted: bool, why: 
         for stage in run.stages.values():
             stage.reason = stage.reason or why
         run.close(project.graph, (now() - datetime.fromisoformat(run.started)).total_seconds(), interrupted=interrupted)
+        run.reason = why
+        run.write(project.root)
+    return run
+
+
+def fail_run(project: Project, run_id: str, why: str) -> RunRecord | None:
+    """The record of run ``run_id``, failed for ``why``, a cause outside its stages (the Prefect server
+    it records in stopped answering): each stage keeps the outcome it had, and one that never
+    started gets ``why`` as its reason. None when the run wrote no record."""
+    run = close_before_flow(project, run_id, interrupted=False, why=why)
+    if run is not None:
+        run.status, run.reason = "failed", why
         run.write(project.root)
     return run
 

@@ -1,0 +1,230 @@
+"""The Prefect server a run records in dies mid-run, is not there, or accepts and never answers.
+
+Prefect only observes the run: a server that dies (SIGKILL, 2 s into a stage) must not cost
+the stages their outcome, and the run must still end within seconds of its last stage, with
+one line naming the server, a record that says the run failed because of it, and nothing left
+running (Prefect's log and event workers would otherwise wait on the dead server at exit for
+minutes). A server that is not there at the start, or one that accepts connections and never
+answers, is said in one line within seconds, before any stage runs. Each server here is the
+test's own (never the session's shared one): one it kills, a port nobody listens on, a socket
+that never answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+from projects import Project
+from subprocs import stop_group
+
+pytestmark = pytest.mark.slow
+
+DVC_YAML = """
+    stages:
+      one:
+        cmd: echo 1 > one.txt
+        outs: [one.txt]
+      slow:
+        cmd: touch slow.started && sleep 4 && echo {token} > two.txt
+        deps: [one.txt]
+        outs: [two.txt]
+      after:
+        cmd: cat two.txt > three.txt
+        deps: [two.txt]
+        outs: [three.txt]
+"""
+
+LAST_STAGE_TO_EXIT_S = 20  # Prefect's client, bounded by conveyor, gives up on a dead server in seconds
+
+
+def dvc_project(tmp_path: Path, home: Path) -> Project:
+    """A DVC project (git + dvc init) of three chained command stages; no PREFECT_API_URL yet."""
+    root = tmp_path / f"proj-{uuid.uuid4().hex[:6]}"
+    root.mkdir()
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"})
+    project = Project(root, env, tag)
+    project.write("pyproject.toml", "[project]\nname = 'demo'\n")
+    project.write("dvc.yaml", DVC_YAML.format(token=uuid.uuid4().hex))  # never in DVC's run cache
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    return project
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        assert proc.poll() is None, f"prefect server exited with {proc.returncode}"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            assert time.monotonic() < deadline, f"prefect server at {url} not healthy after {deadline_s}s"
+            time.sleep(0.25)  # a server that is booting: nothing to wait on but the socket
+
+
+@contextmanager
+def own_prefect_server(home: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``prefect server start`` of this test alone (conftest's recipe): (API URL, process)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_SERVER_UI_ENABLED": "false"})
+    with (home / "server.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}/api"
+        try:
+            wait_healthy(url, proc)
+            yield url, proc
+        finally:
+            stop_group(proc, timeout=30)
+
+
+@contextmanager
+def never_answering() -> Iterator[str]:
+    """A loopback socket that accepts connections and never says a word: its URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    closed = threading.Event()
+
+    def accept() -> None:
+        while not closed.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:  # closed at the end of the test
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/api"
+    finally:
+        closed.set()
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        for conn in held:
+            conn.close()
+        thread.join(timeout=5)
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], deadline_s: float = 240) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        assert proc.poll() is None, "the run ended before the stage started"
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
+
+
+def temporary_server(proc: subprocess.Popen[str]) -> psutil.Process:
+    """The temporary Prefect server the run ``proc`` started (its uvicorn child)."""
+    servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(c.cmdline())]
+    assert len(servers) == 1, servers
+    return servers[0]
+
+
+def finished_at(record: dict[str, object], stage: str) -> float:
+    stages = record["stages"]
+    assert isinstance(stages, dict)
+    return datetime.fromisoformat(stages[stage]["finished"]).timestamp()
+
+
+def assert_one_line(out: str, url: str, words: str) -> None:
+    assert "Traceback" not in out, out[-4000:]
+    last = out.strip().splitlines()[-1]
+    assert url in last and words in last, out[-4000:]
+    assert sum(url in line for line in out.splitlines()) == 1, out[-4000:]
+
+
+def dvc_up_to_date(project: Project) -> bool:
+    status = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True, check=True)
+    return "up to date" in status.stdout
+
+
+@pytest.mark.parametrize("server", ["configured", "temporary"])
+def test_a_server_killed_mid_run_costs_no_stage_and_the_run_ends_within_seconds(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, server: str) -> None:
+    home = tmp_path_factory.mktemp("prefect-home")
+    project = dvc_project(tmp_path, home)
+    with own_prefect_server(home) if server == "configured" else _no_server() as (url, own):
+        if own is not None:
+            project.env["PREFECT_API_URL"] = url
+        proc = project.popen("run")
+        wait_for(project.root / "slow.started", proc)
+        if own is not None:  # SIGKILL, 'slow' still running
+            os.killpg(own.pid, signal.SIGKILL)
+        else:  # the URL the run uses: its temporary server's port
+            dying = temporary_server(proc)
+            url = f"http://127.0.0.1:{dying.cmdline()[dying.cmdline().index('--port') + 1]}/api"
+            dying.kill()
+        out, _ = proc.communicate(timeout=300)
+        ended = time.time()
+
+    assert proc.returncode == 1, out[-4000:]
+    assert_one_line(out, url, "stopped answering")
+    record = json.loads((project.root / ".conveyor/runs/latest.json").read_text())
+    assert {n: s["status"] for n, s in record["stages"].items()} == {
+        "one": "succeeded", "slow": "succeeded", "after": "succeeded"}, record
+    assert record["status"] == "failed" and url in record["reason"] and "stopped answering" in record["reason"]
+    took = ended - finished_at(record, "after")
+    assert took < LAST_STAGE_TO_EXIT_S, f"the run ended {took:.0f}s after its last stage"
+    assert (project.root / "three.txt").read_text() == (project.root / "two.txt").read_text()
+    assert dvc_up_to_date(project)  # every stage recorded in dvc.lock
+    assert not project.left_running(grace_s=5), "a process outlived the run"
+
+
+@contextmanager
+def _no_server() -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
+    """No server of the test's own: the run starts its temporary one."""
+    yield "", None
+
+
+@pytest.mark.parametrize("server", ["refused", "silent"])
+def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_seconds(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, server: str) -> None:
+    project = dvc_project(tmp_path, tmp_path_factory.mktemp("prefect-home"))
+    with never_answering() if server == "silent" else _nobody_listening() as url:
+        t0 = time.monotonic()
+        done = project.conveyor("run", env={"PREFECT_API_URL": url}, timeout=300)
+        took = time.monotonic() - t0
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert_one_line(done.stdout + done.stderr, url, "does not answer")
+    assert took < 30, f"the run took {took:.0f}s to say its server does not answer"
+    record = json.loads((project.root / ".conveyor/runs/latest.json").read_text())
+    assert record["status"] == "failed" and url in record["reason"], record
+    assert {s["status"] for s in record["stages"].values()} == {"not_run"}
+    assert not (project.root / "dvc.lock").exists() and not (project.root / "one.txt").exists()
+    assert not project.left_running(), "a process outlived the run"
+
+
+@contextmanager
+def _nobody_listening() -> Iterator[str]:
+    yield f"http://127.0.0.1:{free_port()}/api"
