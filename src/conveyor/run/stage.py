@@ -180,12 +180,9 @@ class StageRunner:
                 elif self.record is not None and not self.force and self.record.restore(stage):
                     log.line("out", "restored from DVC's run cache: it ran before with these deps, params and command")
                     self.run.stages[stage].reason += "; restored from DVC's run cache"
-                elif spec.task is None:
-                    self._command(stage, resources, log)
-                elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
-                    self._isolated(stage, resources, progress, log)
                 else:
-                    self._call(fn, stage, resources, progress, stage_logger(stage))
+                    with workers.WorkerWatch(stage, resources):
+                        self._run(fn, stage, resources, progress, log)
                 check_outs(self.project.root, stage, spec.written)
                 with self._mutex:
                     too_late = self._abandoned.get(stage)
@@ -193,6 +190,16 @@ class StageRunner:
                     raise too_late
                 if self.record is not None:
                     self.record.save(stage)
+
+    def _run(self, fn: Callable[[StageContext], None] | None, stage: str, resources: Resources,
+             progress: StageProgress, log: StageLog) -> None:
+        """The stage's command, or its task (in a process of its own when deterministic)."""
+        if self.project.pipeline.stages[stage].task is None:
+            self._command(stage, resources, log)
+        elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
+            self._isolated(stage, resources, progress, log)
+        else:
+            self._call(fn, stage, resources, progress, stage_logger(stage))
 
     def _import(self, stage: str, progress: StageProgress) -> Callable[[StageContext], None]:
         """The task function; the live view says what is importing (torch alone takes seconds)."""

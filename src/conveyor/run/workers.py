@@ -1,5 +1,5 @@
-"""The Dask workers a stage runs on: can they import the project, why did they die, and
-restarting them after an attempt that may have left them blocked or broken.
+"""The Dask workers a stage runs on: can they import the project, why did they die, are
+there any left, and restarting them after an attempt that may have left them blocked or broken.
 
 Prefect-free and free of heavy imports: only the started profile's client is used.
 """
@@ -7,11 +7,15 @@ Prefect-free and free of heavy imports: only the started profile's client is use
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
 from conveyor.run.nanny_env import undo_nanny_environ
+from conveyor.run.watchdog import raise_in
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -73,3 +77,85 @@ def died(exc: BaseException, resources: Resources) -> str:
         return (f"{what}; each worker may use {resources.memory_limit} (memory_limit), and a worker past 95% of "
                 "it is killed: raise memory_limit or make the partitions smaller")
     return f"{what}; the workers' logs say why (memory, a crash in native code)"
+
+
+class NoWorkersLeft(Exception):
+    """Raised into a stage's thread when its scheduler has had no worker for too long (no arguments)."""
+
+
+class NoWorkers(StageError):
+    """A stage's scheduler had no worker for the profile's ``no_workers_timeout_s``: Dask would wait forever."""
+
+    def __init__(self, stage: str, profile: str, address: str, waited_s: float, unanswered: str = "") -> None:
+        heard = f" (the scheduler did not answer: {unanswered})" if unanswered else ""
+        super().__init__(stage, f"the Dask scheduler at {address} (profile '{profile}') has had no workers for "
+                                f"{waited_s:g}s (no_workers_timeout_s){heard}: its workers died or were stopped; "
+                                "start workers for it and run again (what succeeded is skipped)")
+        self.profile, self.address, self.waited_s, self.unanswered = profile, address, waited_s, unanswered
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.profile, self.address, self.waited_s, self.unanswered))
+
+
+class WorkerWatch:
+    """While a stage runs on a cluster (``with WorkerWatch(...):``), fail it once the scheduler has
+    had no worker for the profile's ``no_workers_timeout_s``.
+
+    Dask keeps the tasks of a cluster with no workers waiting for one that may never come (the
+    workers of an existing cluster killed, or never started), and nothing says so. A worker
+    that joins in time lets the stage go on: Dask gives it the waiting tasks. At the bound,
+    :class:`NoWorkersLeft` is raised into the stage's thread (a command's wait at once, a
+    task's wait on Dask futures within 10 s) and leaves this block as :class:`NoWorkers`.
+    """
+
+    def __init__(self, stage: str, resources: Resources) -> None:
+        self.stage, self.resources = stage, resources
+        self.timeout_s = resources.no_workers_timeout_s if resources.client is not None else None
+        self.poll_s = min(1.0, (self.timeout_s or 1.0) / 5)
+        self.fired = False
+        self.unanswered = ""  # why the scheduler did not answer the last look, if it did not
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.current_thread()
+
+    def __enter__(self) -> WorkerWatch:
+        if self.timeout_s is not None:
+            self._thread = threading.current_thread()
+            threading.Thread(target=self._watch, name=f"conveyor-workers-{self.stage}", daemon=True).start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        with self._lock:
+            self._stopped.set()
+            if not self.fired or (exc_type is not None and not issubclass(exc_type, Exception)):
+                return  # not fired; or Ctrl-C, which says what stopped the stage
+            if self._thread.ident is not None:
+                raise_in(self._thread.ident, None)  # not delivered yet: raised here instead
+        address = str(getattr(self.resources.client.scheduler, "address", "?")) if self.resources.client else "?"
+        raise NoWorkers(self.stage, self.resources.profile, address, float(self.timeout_s or 0),
+                        self.unanswered) from None
+
+    def _watch(self) -> None:
+        """Look every ``poll_s``; fire once no worker was seen for ``timeout_s``."""
+        seen = time.monotonic()
+        while not self._stopped.wait(self.poll_s):
+            if self._workers() > 0:
+                seen = time.monotonic()
+            elif time.monotonic() - seen >= (self.timeout_s or 0):
+                with self._lock:
+                    if not self._stopped.is_set() and self._thread.ident is not None:
+                        self.fired = True
+                        raise_in(self._thread.ident, NoWorkersLeft)
+                return
+
+    def _workers(self) -> int:
+        """How many workers the scheduler has now (0 when it does not answer within a few seconds)."""
+        assert self.resources.client is not None
+        try:
+            n = len(self.resources.client.nthreads(callback_timeout=max(self.poll_s, 5.0)))
+        except Exception as exc:  # noqa: BLE001 - an unreachable scheduler gives no worker either
+            self.unanswered = str(exc) or type(exc).__name__
+            return 0
+        self.unanswered = ""
+        return n
