@@ -343,3 +343,41 @@ def test_a_worker_back_within_the_bound_lets_the_stage_go_on(cluster: Cluster) -
     assert (project.root / "data/command.txt").read_text() == "new\n"
     assert project.left_running() == []
 
+
+# --------------------------------------------------------------------------- a command past its worker's memory_limit
+
+MEMORY = """
+    pipeline: memory
+    profiles:
+      small: {kind: dask, n_workers: 1, threads_per_worker: 2, memory_limit: 200MiB}
+    stages:
+      big:
+        # ten times the limit, written (so resident), held a while
+        cmd: python -c "b = bytearray(2_000_000_000); import time; time.sleep(5)" && echo new > data/big.txt
+        on: small
+        outs: [data/big.txt]
+      modest:
+        cmd: python -c "b = bytearray(20_000_000)" && echo new > data/modest.txt
+        on: small
+        outs: [data/modest.txt]
+"""
+
+
+def test_a_command_past_its_workers_memory_limit_fails_as_a_task_does(make_project: Callable[[], Project]) -> None:
+    project = make_project()
+    project.write("configs/pipeline.yaml", MEMORY)
+    project.write("data/big.txt", "old")
+    result = project.conveyor("run", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    stages = project.record()["stages"]
+    big = stages["big"]
+    assert big["status"] == "failed", big
+    # the words a task past memory_limit gets (see the hog stage above)
+    assert "its command's processes on a Dask worker of profile 'small' used" in big["error"]
+    assert "each worker may use 200MiB (memory_limit), and a command past 95% of it is killed" in big["error"]
+    assert "stage 'big' failed" in result.stderr
+    assert (project.root / "data/big.txt").read_text() == "old"
+    assert stages["modest"]["status"] == "succeeded", stages["modest"]
+    assert (project.root / "data/modest.txt").read_text() == "new\n"
+    assert project.left_running() == []

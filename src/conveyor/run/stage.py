@@ -30,6 +30,7 @@ from conveyor.run.nanny_env import user_environ
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import RunRecord, now
 from conveyor.run.schedule import Outcome
+from conveyor.run.tree_memory import CommandOverMemory
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
 
@@ -293,7 +294,10 @@ class StageRunner:
                           timeout_s=spec.timeout_s, own_gpu=bool(resources.devices), shell=shell)
         sink = self._sink(log)
         if resources.client is not None:
-            finished = run_on_worker(resources.client, command, sink)
+            try:
+                finished = run_on_worker(resources.client, command, sink)
+            except CommandOverMemory as exc:  # in the words a task past memory_limit gets
+                raise StageError(stage, workers.over_memory(exc, resources)) from None
         else:
             finished = run_here(command, sink)
         if finished.returncode != 0:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from conveyor.run.profiles import Resources
+    from conveyor.run.tree_memory import CommandOverMemory
 
 
 def workers_lacking(client: Client, package: str) -> list[str]:
@@ -74,9 +75,23 @@ def died(exc: BaseException, resources: Resources) -> str:
     tried = f" on {args[2] + 1} workers in turn" if len(args) > 2 and isinstance(args[2], int) else ""
     what = f"Dask workers of profile '{resources.profile}' died running its task{task}{tried} (KilledWorker)"
     if resources.memory_limit is not None:
-        return (f"{what}; each worker may use {resources.memory_limit} (memory_limit), and a worker past 95% of "
-                "it is killed: raise memory_limit or make the partitions smaller")
+        return (f"{what}; {_budget(resources.memory_limit, 'a worker')}: raise memory_limit or make the "
+                "partitions smaller")
     return f"{what}; the workers' logs say why (memory, a crash in native code)"
+
+
+def over_memory(exc: CommandOverMemory, resources: Resources) -> str:
+    """Why a ``cmd`` stage failed when its processes on a worker went past the worker's budget:
+    in the words a task that kills its workers gets (:func:`died`)."""
+    limit = resources.memory_limit or f"{exc.limit / 2**20:.0f}MiB"
+    raise_it = "start the workers with a larger --memory-limit" if resources.external else "raise memory_limit"
+    return (f"its command's processes on a Dask worker of profile '{resources.profile}' used "
+            f"{exc.used / 2**20:.0f} MiB; {_budget(limit, 'a command', exc.fraction)}: {raise_it} "
+            "or make the command use less memory")
+
+
+def _budget(limit: str, who: str, fraction: float = 0.95) -> str:
+    return f"each worker may use {limit} (memory_limit), and {who} past {fraction:.0%} of it is killed"
 
 
 class NoWorkersLeft(Exception):
