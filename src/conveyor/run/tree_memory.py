@@ -17,6 +17,7 @@ than its interval.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,40 @@ def worker_budget(worker: Any) -> MemoryBudget | None:
 
 def tree_rss(pid: int) -> int:
     """Resident bytes of process ``pid`` and all its descendants (0 once it is gone)."""
+    if _PROC_CHILDREN:
+        return sum(_rss(p) for p in _tree(pid))
+    return _tree_rss_psutil(pid)
+
+
+# Linux lists each thread's children in /proc (3.5 and later): the tree is walked from its root,
+# where psutil reads every process of the machine to find them (30 ms a look on a busy host)
+_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    todo.extend(int(child) for child in children.read().split())
+        except OSError:  # it (or that thread) ended since listed: no children to follow
+            continue
+    return found
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):  # ended since listed: holds nothing now
+        return 0
+
+
+def _tree_rss_psutil(pid: int) -> int:
     import psutil  # distributed's own dependency: present wherever a worker runs
 
     try:
