@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -167,10 +168,27 @@ class WorkerWatch:
     def _workers(self) -> int:
         """How many workers the scheduler has now (0 when it does not answer within a few seconds)."""
         assert self.resources.client is not None
-        try:
-            n = len(self.resources.client.nthreads(callback_timeout=max(self.poll_s, 5.0)))
-        except Exception as exc:  # noqa: BLE001 - an unreachable scheduler gives no worker either
-            self.unanswered = str(exc) or type(exc).__name__
-            return 0
-        self.unanswered = ""
+        n, self.unanswered = _count(self.resources.client, self.poll_s)
         return n
+
+
+# the last answer of each client's scheduler, shared by the stages on it: a matrix of a hundred
+# commands asks once a second, not a hundred times
+_ASKED: weakref.WeakKeyDictionary[Client, tuple[float, int, str]] = weakref.WeakKeyDictionary()
+_ASKED_LOCK = threading.Lock()
+
+
+def _count(client: Client, fresh_s: float) -> tuple[int, str]:
+    """The scheduler's workers, and why it did not answer ("" when it did); an answer younger than
+    ``fresh_s`` is reused."""
+    with _ASKED_LOCK:
+        when, n, unanswered = _ASKED.get(client, (-fresh_s, 0, ""))  # (when, workers, why unanswered)
+        if time.monotonic() - when < fresh_s:
+            return n, unanswered
+    try:
+        n, unanswered = len(client.nthreads(callback_timeout=max(fresh_s, 5.0))), ""
+    except Exception as exc:  # noqa: BLE001 - an unreachable scheduler gives no worker either
+        n, unanswered = 0, str(exc) or type(exc).__name__
+    with _ASKED_LOCK:
+        _ASKED[client] = (time.monotonic(), n, unanswered)
+    return n, unanswered
