@@ -144,10 +144,12 @@ class WorkerWatch:
                  tb: TracebackType | None) -> None:
         with self._lock:
             self._stopped.set()
-            if not self.fired or (exc_type is not None and not issubclass(exc_type, Exception)):
-                return  # not fired; or Ctrl-C, which says what stopped the stage
+            if not self.fired:
+                return
             if self._thread.ident is not None:
-                raise_in(self._thread.ident, None)  # not delivered yet: raised here instead
+                raise_in(self._thread.ident, None)  # if not delivered yet: it must not land after this block
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            return  # Ctrl-C: that is what stopped the stage
         address = str(getattr(self.resources.client.scheduler, "address", "?")) if self.resources.client else "?"
         raise NoWorkers(self.stage, self.resources.profile, address, float(self.timeout_s or 0),
                         self.unanswered) from None
