@@ -12,7 +12,8 @@ and numeric libraries reserve far more than they touch (CUDA maps a GPU's whole 
 OpenBLAS and jemalloc reserve per-thread arenas), so commands well within their memory would
 fail to start; Linux ignores ``RLIMIT_RSS``; a cgroup needs a delegated cgroup tree, which a
 worker someone else started rarely has. Like the nanny's, a measure can miss a burst shorter
-than its interval.
+than its interval; and like ``ps``, it counts pages that forked processes share once per process,
+so a command that forks workers sharing much memory is stopped earlier than it needs to be.
 """
 
 from __future__ import annotations
