@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -202,3 +203,181 @@ def test_workers_that_cannot_import_the_project_fail_the_stage(workers_lacking_t
     assert "the Dask workers of profile 'remote' cannot import the project's package 'tasks'" in error
     assert f"PYTHONPATH={project.root}" in error
     assert not (project.root / "data/elsewhere.txt").exists()
+
+
+# --------------------------------------------------------------------------- an existing cluster loses its workers
+
+GONE = """
+    pipeline: gone
+    profiles:
+      remote: {{kind: dask, address: "{address}", no_workers_timeout_s: {bound}}}
+    stages:
+      command: {{cmd: "{command}", on: remote, outs: [data/command.txt]}}
+      {task}
+"""
+WAITING_TASK = "task: {task: tasks.work:wait_on_worker, on: remote, outs: [data/task.txt]}"
+NAP = """
+    import time
+    from pathlib import Path
+
+
+    def nap(marker):
+        Path(marker).touch()
+        time.sleep(300)
+
+
+    def wait_on_worker(ctx):
+        ctx.client.submit(nap, str(ctx.root / "task.started"), pure=False).result()
+        ctx.out().write_text("new")
+"""
+
+
+class Cluster:
+    """A ``dask scheduler`` started by the test, and ``dask worker`` processes it starts and kills."""
+
+    def __init__(self, tmp_path: Path, project: Project) -> None:
+        self.tmp_path, self.project = tmp_path, project
+        self.common = {"cwd": tmp_path, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+                       "start_new_session": True}
+        scheduler_file = tmp_path / "scheduler.json"
+        self.procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--scheduler-file",
+                                        str(scheduler_file), "--dashboard-address", "127.0.0.1:0"],
+                                       env=self.env(tagged=False), **self.common)]
+        self.address = _scheduler_address(scheduler_file, self.procs[0])
+
+    def env(self, *, tagged: bool) -> dict[str, str]:
+        """The project's environment (importable tasks); ``tagged``: what it starts counts as the run's."""
+        env = {**self.project.env, "PYTHONPATH": str(self.project.root)}
+        if not tagged:
+            env.pop("CONVEYOR_TEST_TAG")
+        return env
+
+    def start_worker(self, *, tagged: bool) -> subprocess.Popen[bytes]:
+        """A worker, once the scheduler has it. Tagged: the commands it runs carry the run's tag
+        (a command inherits its worker's environment), so a command left running is seen."""
+        n = len(self.procs)
+        self.procs.append(subprocess.Popen(["dask", "worker", self.address, "--nthreads", "2", "--host", "127.0.0.1",
+                                            "--dashboard-address", "127.0.0.1:0", "--name", f"w{n}"],
+                                           env=self.env(tagged=tagged), **self.common))
+        with Client(self.address, timeout="60s") as client:
+            client.wait_for_workers(1, timeout=120)
+        return self.procs[-1]
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            stop_group(proc)
+
+
+@pytest.fixture
+def cluster(make_project: Callable[[], Project], tmp_path: Path) -> Iterator[Cluster]:
+    project = make_project()
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/work.py", NAP)
+    project.write("data/command.txt", "old")
+    project.write("data/task.txt", "old")
+    cluster = Cluster(tmp_path, project)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def wait_for(path: Path, run: subprocess.Popen[str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert run.poll() is None, f"the run ended before {path.name} appeared: {run.communicate()[0]}"
+        assert time.monotonic() < deadline, f"no {path.name} after {timeout_s:g} s"
+        time.sleep(0.05)
+
+
+def finish(run: subprocess.Popen[str], timeout_s: float) -> str:
+    """What the run wrote, once it exited; killed (and the test failed) if it is still running after ``timeout_s``."""
+    try:
+        return run.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        run.kill()
+        output = run.communicate()[0]
+        raise AssertionError(f"the run still waited {timeout_s:g} s later:\n{output[-3000:]}") from None
+
+
+def test_a_cluster_that_loses_every_worker_fails_its_stages_within_the_bound(cluster: Cluster) -> None:
+    project, bound = cluster.project, 5
+    project.write("configs/pipeline.yaml", GONE.format(
+        address=cluster.address, bound=bound, task=WAITING_TASK,
+        command="touch command.started && sleep 300 && echo new > data/command.txt"))
+    worker = cluster.start_worker(tagged=True)
+    run = project.popen("run")
+    wait_for(project.root / "command.started", run)
+    wait_for(project.root / "task.started", run)
+    os.killpg(worker.pid, signal.SIGKILL)  # the worker and its nanny, as the OOM killer or an operator would
+    killed = time.monotonic()
+
+    output = finish(run, timeout_s=bound + 60)
+    # a command's wait hears it at once, a task's wait on Dask futures within 10 s (distributed's steps)
+    assert time.monotonic() - killed < bound + 20, output
+    assert run.returncode == 1, output
+    assert "Traceback" not in output
+    stages = project.record()["stages"]
+    for name in ("command", "task"):
+        assert stages[name]["status"] == "failed", stages[name]
+        assert (f"the Dask scheduler at {cluster.address} (profile 'remote') has had no workers for {bound}s "
+                "(no_workers_timeout_s)") in stages[name]["error"]
+        assert f"stage '{name}' failed" in output
+        assert (project.root / f"data/{name}.txt").read_text() == "old"
+    assert project.left_running() == []  # the killed worker's command went with it
+
+
+def test_a_worker_back_within_the_bound_lets_the_stage_go_on(cluster: Cluster) -> None:
+    project = cluster.project
+    second_time = ("if [ -e command.started ]; then echo new > data/command.txt; "
+                   "else touch command.started; sleep 300; fi")
+    project.write("configs/pipeline.yaml", GONE.format(address=cluster.address, bound=60, task="", command=second_time))
+    worker = cluster.start_worker(tagged=True)
+    run = project.popen("run")
+    wait_for(project.root / "command.started", run)
+    os.killpg(worker.pid, signal.SIGKILL)
+    cluster.start_worker(tagged=False)  # Dask gives the waiting task to it: the command runs again there
+
+    output = finish(run, timeout_s=120)
+    assert run.returncode == 0, output
+    assert (project.root / "data/command.txt").read_text() == "new\n"
+    assert project.left_running() == []
+
+
+# --------------------------------------------------------------------------- a command past its worker's memory_limit
+
+MEMORY = """
+    pipeline: memory
+    profiles:
+      small: {kind: dask, n_workers: 1, threads_per_worker: 2, memory_limit: 200MiB}
+    stages:
+      big:
+        # ten times the limit, written (so resident), held a while
+        cmd: python -c "b = bytearray(2_000_000_000); import time; time.sleep(5)" && echo new > data/big.txt
+        on: small
+        outs: [data/big.txt]
+      modest:
+        cmd: python -c "b = bytearray(20_000_000)" && echo new > data/modest.txt
+        on: small
+        outs: [data/modest.txt]
+"""
+
+
+def test_a_command_past_its_workers_memory_limit_fails_as_a_task_does(make_project: Callable[[], Project]) -> None:
+    project = make_project()
+    project.write("configs/pipeline.yaml", MEMORY)
+    project.write("data/big.txt", "old")
+    result = project.conveyor("run", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    stages = project.record()["stages"]
+    big = stages["big"]
+    assert big["status"] == "failed", big
+    # the words a task past memory_limit gets (see the hog stage above)
+    assert "its command's processes on a Dask worker of profile 'small' used" in big["error"]
+    assert "each worker may use 200MiB (memory_limit), and a command past 95% of it is killed" in big["error"]
+    assert "stage 'big' failed" in result.stderr
+    assert (project.root / "data/big.txt").read_text() == "old"
+    assert stages["modest"]["status"] == "succeeded", stages["modest"]
+    assert (project.root / "data/modest.txt").read_text() == "new\n"
+    assert project.left_running() == []

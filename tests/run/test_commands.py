@@ -18,6 +18,7 @@ from distributed import Client, LocalCluster
 from subprocs import marked, wait_until_none
 
 from conveyor.run.commands import Command, CommandTimeout, Finished, run_here, run_on_worker
+from conveyor.run.tree_memory import CommandOverMemory
 
 
 def command(tmp_path: Path, *commands: str, timeout_s: float | None = None, **env: str) -> Command:
@@ -195,3 +196,21 @@ def test_an_interrupted_stage_kills_its_command_on_the_worker(worker_client: Cli
     assert caught == ["interrupted"]
     assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
     assert worker_client.submit(lambda: 1, pure=False).result(timeout=30) == 1  # the worker is free again
+
+
+@pytest.mark.slow
+def test_a_command_past_its_workers_memory_limit_is_killed(tmp_path: Path) -> None:
+    """The nanny measures only the worker's own process; the command's tree is measured beside it."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", memory_limit="200MiB",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster, set_as_default=False) as client:
+        hog = command(tmp_path, f'{sys.executable} -c "b = bytearray(2_000_000_000); import time; time.sleep(30)" &'
+                                " wait")  # in a grandchild of the guard: the whole tree counts
+        t0 = time.monotonic()
+        with pytest.raises(CommandOverMemory) as caught:
+            run_on_worker(client, hog, Lines())
+        assert time.monotonic() - t0 < 20  # not its 30 s of sleep
+        assert caught.value.limit == 200 * 2**20 and caught.value.fraction == 0.95
+        assert caught.value.used > 0.95 * 200 * 2**20
+        assert wait_until_none(hog.env["CONVEYOR_TEST_MARK"]) == []
+        modest = command(tmp_path, f'{sys.executable} -c "b = bytearray(20_000_000)"')
+        assert run_on_worker(client, modest, Lines()).returncode == 0

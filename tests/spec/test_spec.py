@@ -571,6 +571,28 @@ def test_worker_env_names_the_key_and_applies_only_to_a_cluster_conveyor_starts(
     assert "worker_env only apply to a LocalCluster started by conveyor" in str(err)
 
 
+def test_no_workers_timeout_defaults_to_a_minute_and_must_be_positive(project: ProjectDir) -> None:
+    loaded = load_project(project.spec("""
+        pipeline: demo
+        profiles:
+          remote: {kind: dask, address: "tcp://127.0.0.1:8786", no_workers_timeout_s: 5}
+          cpu: {kind: dask, n_workers: 2}
+          patient: {kind: dask, no_workers_timeout_s: null}
+        stages:
+          ingest: {task: "tasks.steps:fetch", outs: [data/raw]}
+    """))
+    timeouts = {n: getattr(p, "no_workers_timeout_s", "?") for n, p in loaded.pipeline.profiles.items()}
+    assert timeouts == {"remote": 5.0, "cpu": 60.0, "patient": None}
+    spec = project.spec("""
+        pipeline: demo
+        profiles:
+          remote: {kind: dask, address: "tcp://127.0.0.1:8786", no_workers_timeout_s: 0}
+        stages:
+          ingest: {task: "tasks.steps:fetch", outs: [data/raw]}
+    """)
+    spec_error(spec, r"profiles\.remote\.no_workers_timeout_s: Input should be greater than 0 \(got 0\)")
+
+
 def test_negative_retries_and_zero_timeout(project: ProjectDir) -> None:
     spec = project.spec("""
         pipeline: demo

@@ -9,7 +9,8 @@ live view); a non-zero exit fails the stage with the last lines of stderr.
 
 On a Dask profile the same code runs inside a Dask task on one worker, where the guard is
 the worker's child; lines travel back as Dask events (``Worker.log_event``) and a cancel
-reaches the worker with ``Client.run``.
+reaches the worker with ``Client.run``. There the command is held to the worker's
+``memory_limit`` as the nanny holds a task (:mod:`conveyor.run.tree_memory`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 from conveyor.errors import StageError, plain
 from conveyor.run.guard import descendants, signal_all
 from conveyor.run.nanny_env import user_environ
+from conveyor.run.tree_memory import CommandOverMemory, MemoryBudget, tree_rss, worker_budget
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -97,10 +99,11 @@ _RUNNING: dict[str, subprocess.Popen[bytes]] = {}  # token -> guard, for cancel_
 _RUNNING_LOCK = threading.Lock()
 
 
-def run_here(command: Command, sink: Sink, *, token: str | None = None) -> Finished:
+def run_here(command: Command, sink: Sink, *, token: str | None = None, budget: MemoryBudget | None = None) -> Finished:
     """Run ``command`` in this process's tree; its whole process group is gone when this returns.
 
-    Raises :class:`CommandTimeout` past ``timeout_s``. Any exception raised into the waiting
+    Raises :class:`CommandTimeout` past ``timeout_s``, :class:`CommandOverMemory` once its
+    processes hold more than ``budget`` allows. Any exception raised into the waiting
     thread (Ctrl-C, a stage timeout) kills the group, then propagates.
     """
     guard = _start(command)
@@ -110,7 +113,7 @@ def run_here(command: Command, sink: Sink, *, token: str | None = None) -> Finis
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     readers = [_reader(guard.stdout, "out", sink, None), _reader(guard.stderr, "err", sink, tail)]
     try:
-        returncode = _wait(guard, command)
+        returncode = _wait(guard, command, budget)
     finally:
         kill_group(guard)
         for reader in readers:
@@ -136,7 +139,7 @@ def _start(command: Command) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait(guard: subprocess.Popen[bytes], command: Command) -> int:
+def _wait(guard: subprocess.Popen[bytes], command: Command, budget: MemoryBudget | None) -> int:
     deadline = None if command.timeout_s is None else time.monotonic() + command.timeout_s
     while True:
         try:
@@ -145,6 +148,17 @@ def _wait(guard: subprocess.Popen[bytes], command: Command) -> int:
             if deadline is not None and time.monotonic() > deadline:
                 kill_group(guard, grace_s=KILL_GRACE_S)
                 raise CommandTimeout(command.stage, float(command.timeout_s or 0)) from None
+            if budget is not None:
+                _check_memory(guard, command, budget)
+
+
+def _check_memory(guard: subprocess.Popen[bytes], command: Command, budget: MemoryBudget) -> None:
+    """Kill the command's group at once (no grace: it may be taking the worker's memory fast)
+    when its processes hold more than the budget."""
+    used = tree_rss(guard.pid)
+    if used > budget.threshold:
+        kill_group(guard)
+        raise CommandOverMemory(command.stage, used, budget.limit, budget.fraction)
 
 
 def kill_group(guard: subprocess.Popen[bytes], *, grace_s: float = 0.0) -> None:
@@ -259,7 +273,7 @@ def on_worker(command: Command, token: str, topic: str) -> Finished:
     worker = get_worker()
     batch = _Batch(lambda lines: worker.log_event(topic, lines))
     try:
-        return run_here(command, batch.add, token=token)
+        return run_here(command, batch.add, token=token, budget=worker_budget(worker))
     finally:
         batch.close()
         worker.log_event(topic, None)

@@ -48,6 +48,7 @@ class Resources:
     devices: tuple[int, ...] = ()
     memory_limit: str | None = None  # of each Dask worker, as the profile says it
     external: bool = False  # a cluster conveyor did not start (``address:``): never restarted
+    no_workers_timeout_s: float | None = None  # a stage fails after this long with no worker (None: waits)
 
 
 LOCAL = Resources(profile="local")
@@ -152,7 +153,8 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
                 if profile.address.startswith("tls://") and profile.security is None else ""
             raise ProfileError(f"profile '{name}': cannot connect to the Dask scheduler at "
                                f"{profile.address}: {exc}{hint}") from exc
-        return Resources(profile=name, client=client, n_workers=_n_workers(client), external=True)
+        return Resources(profile=name, client=client, n_workers=_n_workers(client), external=True,
+                         no_workers_timeout_s=profile.no_workers_timeout_s)
     options: dict[str, Any] = {
         "n_workers": profile.n_workers, "threads_per_worker": profile.threads_per_worker,
         "processes": profile.processes, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
@@ -165,7 +167,8 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
     with worker_environ(profile.worker_env), undo_nanny_environ():
         cluster = stack.enter_context(LocalCluster(**options))
         client = _client(cluster, stack)
-    return Resources(profile=name, client=client, n_workers=_n_workers(client), memory_limit=profile.memory_limit)
+    return Resources(profile=name, client=client, n_workers=_n_workers(client), memory_limit=profile.memory_limit,
+                     no_workers_timeout_s=profile.no_workers_timeout_s)
 
 
 def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> Resources:

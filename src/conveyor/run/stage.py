@@ -30,6 +30,7 @@ from conveyor.run.nanny_env import user_environ
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import INPUTS_CHANGED, RunRecord, now
 from conveyor.run.schedule import Outcome
+from conveyor.run.tree_memory import CommandOverMemory
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
 
@@ -180,12 +181,9 @@ class StageRunner:
                 elif self.record is not None and not self.force and self.record.restore(stage):
                     log.line("out", "restored from DVC's run cache: it ran before with these deps, params and command")
                     self.run.stages[stage].reason += "; restored from DVC's run cache"
-                elif spec.task is None:
-                    self._command(stage, resources, log)
-                elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
-                    self._isolated(stage, resources, progress, log)
                 else:
-                    self._call(fn, stage, resources, progress, stage_logger(stage))
+                    with workers.WorkerWatch(stage, resources):
+                        self._run(fn, stage, resources, progress, log)
                 check_outs(self.project.root, stage, spec.written)
                 with self._mutex:
                     too_late = self._abandoned.get(stage)
@@ -196,6 +194,16 @@ class StageRunner:
                     if changed:
                         self.run.stages[stage].inputs_changed = changed
                         log.line("log", f"{INPUTS_CHANGED}: {'; '.join(changed)}")
+
+    def _run(self, fn: Callable[[StageContext], None] | None, stage: str, resources: Resources,
+             progress: StageProgress, log: StageLog) -> None:
+        """The stage's command, or its task (in a process of its own when deterministic)."""
+        if self.project.pipeline.stages[stage].task is None:
+            self._command(stage, resources, log)
+        elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
+            self._isolated(stage, resources, progress, log)
+        else:
+            self._call(fn, stage, resources, progress, stage_logger(stage))
 
     def _import(self, stage: str, progress: StageProgress) -> Callable[[StageContext], None]:
         """The task function; the live view says what is importing (torch alone takes seconds)."""
@@ -289,7 +297,10 @@ class StageRunner:
                           timeout_s=spec.timeout_s, own_gpu=bool(resources.devices), shell=shell)
         sink = self._sink(log)
         if resources.client is not None:
-            finished = run_on_worker(resources.client, command, sink)
+            try:
+                finished = run_on_worker(resources.client, command, sink)
+            except CommandOverMemory as exc:  # in the words a task past memory_limit gets
+                raise StageError(stage, workers.over_memory(exc, resources)) from None
         else:
             finished = run_here(command, sink)
         if finished.returncode != 0:

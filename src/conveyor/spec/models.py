@@ -94,6 +94,9 @@ class DaskProfile(Model):
     # environment of the workers, set before each starts (what glibc's malloc and OpenMP read), over
     # Dask's distributed.nanny.pre-spawn-environ; null removes one of Dask's
     worker_env: dict[str, str | int | None] | None = None
+    # a running stage fails once its scheduler has had no worker this long (all of them killed,
+    # or none ever came); null: wait for workers as long as it takes
+    no_workers_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = 60.0
 
     _bytes = field_validator("memory_limit")(_check_bytes)
     _size = field_validator("in_process_below")(_check_size)
