@@ -129,6 +129,22 @@ def test_questions_answer_on_a_read_only_checkout_and_write_nothing(
     assert _tree(project.root) == before
 
 
+def test_status_answers_on_a_fresh_read_only_clone_of_a_spec_project(
+        make_project: Callable[[], Project], read_only: Callable[[Path], Path]) -> None:
+    """No .conveyor/ at all (it is not in git), so no record: every stage is stale, and nothing is made."""
+    project = make_project()
+    project.write("configs/pipeline.yaml", "pipeline: demo\nstages:\n  make: {task: tasks.steps:make, outs: [o.txt]}\n")
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/steps.py", "def make(ctx):\n    (ctx.root / 'o.txt').write_text('1')\n")
+    copy = Project(read_only(project.root), project.env, project.tag)
+
+    for question in (["status"], ["run", "--dry-run"], ["dag"], ["runs"]):
+        done = copy.conveyor(*question)
+        assert done.returncode == 0 and done.stderr == "", (question, done.stdout + done.stderr)
+    assert "never run" in copy.conveyor("status").stdout
+    assert not (project.root / ".conveyor").exists()
+
+
 def test_a_run_on_a_read_only_checkout_names_the_path_and_the_errno_in_one_line(
         make_project: Callable[[], Project], read_only: Callable[[Path], Path]) -> None:
     project = _ran(make_project)
