@@ -214,3 +214,17 @@ def test_a_full_disk_at_the_record_keeps_the_stages_in_dvc_lock_and_says_so_in_o
     status = project.conveyor("status")
     assert status.returncode == 0 and status.stdout.count("up to date") == 2, status.stdout + status.stderr
     assert project.record()["status"] == "interrupted"
+
+
+def test_a_full_disk_loses_an_events_line_not_the_run(tmp_path: Path, tiny_disk: Callable[[Path], None]) -> None:
+    """The events only settle a killed run: a line that does not fit must not end the run (and leave
+    the stages still running unrecorded)."""
+    from conveyor.run.record import RunEvents, StageRecord
+
+    tiny_disk(tmp_path / ".conveyor/runs")
+    (tmp_path / ".conveyor/.gitignore").write_text("*\n")
+    with pytest.raises(OSError, match="No space left"), (tmp_path / ".conveyor/runs/filler").open("wb") as fh:
+        fh.write(b"\0" * 2_000_000)
+    events = RunEvents(tmp_path, "run-1")
+    events.stage("one", StageRecord(status="succeeded", reason="x" * 8192))
+    assert b"\n" not in events.path.read_bytes()  # nothing, or a line cut short: settling skips it
