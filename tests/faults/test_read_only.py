@@ -129,7 +129,7 @@ def test_questions_answer_on_a_read_only_checkout_and_write_nothing(
     assert _tree(project.root) == before
 
 
-def test_status_answers_on_a_fresh_read_only_clone_of_a_spec_project(
+def test_questions_answer_on_a_fresh_read_only_clone_of_a_spec_project(
         make_project: Callable[[], Project], read_only: Callable[[Path], Path]) -> None:
     """No .conveyor/ at all (it is not in git), so no record: every stage is stale, and nothing is made."""
     project = make_project()
@@ -142,6 +142,8 @@ def test_status_answers_on_a_fresh_read_only_clone_of_a_spec_project(
         done = copy.conveyor(*question)
         assert done.returncode == 0 and done.stderr == "", (question, done.stdout + done.stderr)
     assert "never run" in copy.conveyor("status").stdout
+    logs = copy.conveyor("logs", "make")
+    assert logs.returncode == 2 and "it has not run yet" in _one_line(logs), logs.stderr
     assert not (project.root / ".conveyor").exists()
 
 
