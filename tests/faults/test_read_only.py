@@ -215,7 +215,9 @@ def test_a_full_disk_at_the_record_keeps_the_stages_in_dvc_lock_and_says_so_in_o
     (project.root / ".conveyor/runs/filler").unlink()  # space again: the next command settles the record
     status = project.conveyor("status")
     assert status.returncode == 0 and status.stdout.count("up to date") == 2, status.stdout + status.stderr
-    assert project.record()["status"] == "interrupted"
+    record = project.record()  # settled from its events: the stages' outcomes as they were
+    assert record["status"] == "interrupted", record
+    assert {s["status"] for s in record["stages"].values()} == {"succeeded"}, record["stages"]
 
 
 def test_a_full_disk_loses_an_events_line_not_the_run(tmp_path: Path, tiny_disk: Callable[[Path], None]) -> None:

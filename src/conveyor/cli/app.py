@@ -179,6 +179,8 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
     begin(project, session.selected, run_id, session.options.overrides).write(project.root)
     try:
         return _flow_on_server(project, session, run_id, verbose)
+    except UnwritableError:  # not "failed before it started": the next command settles it from its events
+        raise
     except Exception as exc:  # e.g. the server did not start: the record must not stay "running"
         from conveyor.run.stage import short_error
 
