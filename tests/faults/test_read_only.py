@@ -8,6 +8,7 @@ and a run in progress that holds the locks while ``status`` is asked.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import threading
 import uuid
@@ -38,6 +39,8 @@ def _sh(root: Path, *args: str) -> None:
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here")
     return subprocess.run(["mount", *args], capture_output=True, text=True)
 
 
