@@ -12,7 +12,7 @@ import pytest
 from subprocs import holding
 
 from conveyor.errors import RunLockedError
-from conveyor.workspace import run_lock, state_dir
+from conveyor.workspace import run_holder, run_lock, state_dir
 
 
 def test_the_state_folder_ignores_itself_in_git(tmp_path: Path) -> None:
@@ -68,6 +68,18 @@ def test_this_process_fails_at_once_while_another_holds_the_lock(tmp_path: Path)
         assert time.perf_counter() - start < 1.0
     with run_lock(tmp_path):  # released when the holder finished
         pass
+
+
+def test_who_holds_the_lock_is_asked_without_taking_it(tmp_path: Path) -> None:
+    """`status` during a run names the run's pid, also where it cannot open the lock to write."""
+    assert run_holder(tmp_path) is None  # no state folder at all: nothing made
+    assert not (tmp_path / ".conveyor").exists()
+    with holding(TAKE_LOCK, str(tmp_path), ready="locked") as holder:
+        assert run_holder(tmp_path) == holder.pid
+        with pytest.raises(RunLockedError) as refused, run_lock(tmp_path):
+            pass
+        assert refused.value.pid == holder.pid
+    assert run_holder(tmp_path) is None
 
 
 def test_the_lock_is_released_after_a_run_and_after_a_failure(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ Each error carries typed attributes and builds its message in ``__str__``, so ca
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +109,45 @@ class MissingOutputError(StageError):
 
 
 class RunLockedError(ConveyorError, RuntimeError):
-    """Another conveyor run holds the project's run lock."""
+    """Another conveyor run holds the project's run lock; ``pid``: its process, where known."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
+# a file system that refuses writes (a read-only checkout, a full disk, a quota): not a bug in conveyor
+UNWRITABLE = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM})
+
+
+class UnwritableError(ConveyorError, OSError):
+    """conveyor could not write ``filename`` (``errno`` in :data:`UNWRITABLE`).
+
+    An OSError still, so code that tolerates a failed write (a cache of a check) keeps doing so;
+    its arguments are OSError's own, so it crosses pickling unchanged. The message names the path
+    and the errno, and says what to do, in one line.
+    """
+
+    exit_code = 1
+
+    def __init__(self, code: int, strerror: str, path: str) -> None:
+        super().__init__(code, strerror, path)
+
+    @classmethod
+    def of(cls, exc: OSError, path: os.PathLike[str] | str | None = None) -> OSError:
+        """``exc`` as an UnwritableError naming ``path`` (else the path ``exc`` names), when its
+        errno says the file system refused the write; ``exc`` itself otherwise."""
+        if isinstance(exc, UnwritableError) or exc.errno not in UNWRITABLE:
+            return exc
+        return cls(exc.errno, os.strerror(exc.errno), str(path if path is not None else exc.filename))
+
+    def __str__(self) -> str:
+        code = self.errno if self.errno is not None else 0
+        name = errno.errorcode.get(code, str(code))
+        full = code in (errno.ENOSPC, errno.EDQUOT)
+        todo = "free some space, then run again (what succeeded stays recorded)" if full else \
+            "run it in a writable copy of the project"
+        return f"cannot write {self.filename}: {self.strerror} ({name}): {todo}"
 
 
 class DamagedFileError(ConveyorError, ValueError):

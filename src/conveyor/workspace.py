@@ -15,9 +15,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conveyor.errors import RunLockedError
+from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError
 
 STATE_DIR = ".conveyor"
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a write the file system refuses (read-only, full) into an :class:`UnwritableError`
+    naming ``path``: a write that fails mid-way (ENOSPC) raises an OSError that names no file."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, UnwritableError) or exc.errno not in UNWRITABLE:
+            raise
+        raise UnwritableError.of(exc, path) from exc
 
 
 def state_dir(root: Path) -> Path:
@@ -25,9 +37,10 @@ def state_dir(root: Path) -> Path:
     folder = root / STATE_DIR
     ignore = folder / ".gitignore"
     if not ignore.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        ignore.write_text("# conveyor's run records, logs and journal: local state, not for git\n*\n",
-                          encoding="utf-8")
+        with writing(ignore):
+            folder.mkdir(parents=True, exist_ok=True)
+            ignore.write_text("# conveyor's run records, logs and journal: local state, not for git\n*\n",
+                              encoding="utf-8")
     return folder
 
 
@@ -42,7 +55,13 @@ def replace_atomically(path: Path, text: str, scratch: Path | None = None, *, du
     The temporary files of ``path`` that killed writers left behind go first.
     """
     folder = scratch if scratch is not None else path.parent
-    folder.mkdir(parents=True, exist_ok=True)
+    with writing(path):
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_then_rename(path, text, folder, scratch, durable=durable)
+
+
+def _write_then_rename(path: Path, text: str, folder: Path, scratch: Path | None, *, durable: bool) -> None:
+    """The body of :func:`replace_atomically`; a full disk leaves no temporary file behind."""
     _remove_stale_temporaries(folder, path.name)
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
     try:
@@ -103,22 +122,42 @@ def alive(pid: int) -> bool:
     return True
 
 
+def run_holder(root: Path) -> int | None:
+    """The pid of the process that holds the project's run lock now (0 where it wrote none);
+    None when no one does. Only reads, so a read-only checkout can ask too."""
+    try:
+        fh = (root / STATE_DIR / "run.lock").open("r")
+    except OSError:
+        return None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = fh.read().strip()
+            return int(holder) if holder.isdigit() else 0
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
+
+
 @contextmanager
 def run_lock(root: Path) -> Iterator[None]:
     """Hold the project's run lock; a second concurrent run fails at once with a clear message."""
     path = state_dir(root) / "run.lock"
-    with path.open("a+") as fh:
+    with writing(path):
+        fh = path.open("a+")
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
-            dvc = _dvc_above(int(holder)) if holder.isdigit() else None
+            pid = int(holder) if holder.isdigit() else None
+            dvc = _dvc_above(pid) if pid is not None else None
             if dvc is not None:  # `conveyor exec`, as dvc repro runs a stage
                 raise RunLockedError(f"DVC is running in {root} ({dvc}, running a stage with `conveyor exec`, "
-                                     f"pid {holder}): wait for it to finish, then run again") from None
+                                     f"pid {holder}): wait for it to finish, then run again", pid) from None
             raise RunLockedError(f"another conveyor run holds {path} (pid {holder}); wait for it "
-                                 "to finish, then run again") from None
+                                 "to finish, then run again", pid) from None
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 
 from conveyor.cli import signals
-from conveyor.errors import ConveyorError, Interrupted, UsageError
+from conveyor.errors import UNWRITABLE, ConveyorError, Interrupted, UnwritableError, UsageError
 from conveyor.plan import dag
 from conveyor.spec.overrides import describe, parse_overrides, reads, write_overrides
 from conveyor.spec.project import Project, load_project, resolve_spec
@@ -129,7 +129,7 @@ def run(
     if dry_run:
         _recover_outs(project)
         from conveyor.cli.view import status_table
-        from conveyor.dvc.record import stale
+        from conveyor.dvc.status import stale
 
         for change in changes:
             readers = [s for s in project.order if s in selected and reads(project, s, change)]
@@ -182,6 +182,8 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
         return _flow_on_server(project, session, run_id, verbose)
     except PrefectServerGone as exc:  # the stages keep their outcome; the run failed for the server
         fail_run(project, run_id, str(exc))
+        raise
+    except UnwritableError:  # not "failed before it started": the next command settles it from its events
         raise
     except Exception as exc:  # e.g. the server did not start: the record must not stay "running"
         from conveyor.run.stage import short_error
@@ -249,7 +251,7 @@ def status(
 ) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
     from conveyor.cli.view import status_table
-    from conveyor.dvc.record import stale
+    from conveyor.dvc.status import stale
     from conveyor.run.environment import History
 
     project = _project(config)
@@ -285,18 +287,10 @@ def _root_for_logs() -> Path:
 
 
 def _recover_outs(project: Project) -> None:
-    """Put back the previous outs of stages whose run was killed (kill -9 leaves them to us),
-    and record that run as interrupted, unless a run is going on."""
-    from conveyor.errors import RunLockedError
-    from conveyor.run.session import recover_killed
-    from conveyor.workspace import run_lock
+    """What a killed run left, recovered where it can be, before a question is answered."""
+    from conveyor.run.session import recover_for_question
 
-    warn = partial(err.print, style="yellow", highlight=False)
-    try:
-        with run_lock(project.root):
-            recover_killed(project, warn)
-    except RunLockedError:  # a run is going on: its record is its own (its stages' entries stay locked)
-        recover_killed(project, warn, settle=False)
+    recover_for_question(project, partial(err.print, style="yellow", highlight=False, soft_wrap=True))
 
 
 @app.command()
@@ -493,6 +487,11 @@ def main() -> None:
     except ConveyorError as exc:
         print(str(exc), file=sys.stderr)  # one line per problem, never wrapped
         _exit(exc.exit_code)
+    except OSError as exc:  # a write refused where conveyor did not expect one: one line all the same
+        if exc.errno not in UNWRITABLE:
+            raise
+        print(str(UnwritableError.of(exc)), file=sys.stderr)
+        _exit(1)
     except typer.Exit as exc:
         _exit(exc.exit_code)
     except KeyboardInterrupt:

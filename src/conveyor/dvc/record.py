@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.dvc.inputs import as_started, command_changes, started_inputs
-from conveyor.errors import RunLockedError, UsageError
+from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
 from conveyor.spec.project import Project
 from conveyor.workspace import alive, replace_atomically, state_dir
@@ -120,6 +120,11 @@ class DvcRecord:
         try:
             with self._mutex:
                 held.enter_context(lock_repo(self.repo))
+        except OSError as exc:  # a read-only checkout, a full disk: DVC cannot write .dvc/tmp/lock
+            self.repo.close()
+            if exc.errno not in UNWRITABLE:
+                raise
+            raise UnwritableError.of(exc) from exc
         except LockError as exc:
             self.repo.close()
             raise RunLockedError(f"another DVC or conveyor process holds {self.project.root / '.dvc/tmp/lock'}:"
@@ -139,6 +144,18 @@ class DvcRecord:
         finally:
             with self._mutex:
                 held.close()
+                self.repo.close()
+
+    @contextmanager
+    def unlocked(self) -> Iterator[DvcRecord]:
+        """The record as it stands, without DVC's lock: for a question asked while someone holds the
+        lock (a run) or where no one can take it (a read-only checkout). Never for a run."""
+        try:
+            with self._mutex:
+                self._load()
+            yield self
+        finally:
+            with self._mutex:
                 self.repo.close()
 
     def _load(self) -> None:
@@ -392,13 +409,3 @@ def open_record(project: Project) -> Record:
         check_compiled(project)
         return DvcRecord(project)
     return FingerprintRecord(project)
-
-
-def stale(project: Project, selected: set[str], *, force: bool = False) -> dict[str, list[str]]:
-    """Why each selected stage would run (``conveyor status``, ``run --dry-run``), asked of the
-    project's record as a run would ask it (DVC's under its repository lock)."""
-    from conveyor.plan.fingerprint import plan
-
-    record = open_record(project)
-    with record.session():
-        return plan(project, selected, record, force=force)

@@ -22,7 +22,7 @@ import yaml
 
 from conveyor.errors import redact
 from conveyor.spec.project import Project
-from conveyor.workspace import replace_atomically, state_dir
+from conveyor.workspace import STATE_DIR, replace_atomically, state_dir
 
 CHUNK = 1 << 20
 
@@ -224,15 +224,16 @@ class LockRecord:
     a crash never leaves it torn.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, root: Path | None = None) -> None:
         self.path = path
+        self.root = root  # the project whose .conveyor/ holds it: made on the first write, not on a read
         self._lock = threading.Lock()
         self._stages: dict[str, Any] | None = None
 
     @classmethod
     def for_project(cls, project: Project) -> LockRecord:
         rel = project.rel(project.spec_path).replace("/", "__")
-        return cls(state_dir(project.root) / "locks" / f"{rel}.lock")
+        return cls(project.root / STATE_DIR / "locks" / f"{rel}.lock", project.root)
 
     def stages(self) -> dict[str, Any]:
         with self._lock:
@@ -260,6 +261,8 @@ class LockRecord:
     def _write(self, data: dict[str, Any]) -> None:
         """JSON (YAML too), a stage per line: a whole rewrite per stage costs microseconds per
         entry with the C encoder, where YAML's representer took milliseconds (O(N^2) over a run)."""
+        if self.root is not None:
+            state_dir(self.root)  # with its .gitignore
         self.path.parent.mkdir(parents=True, exist_ok=True)
         stages = ",\n".join(f" {json.dumps(name)}: {json.dumps(entry, default=str)}"
                              for name, entry in data["stages"].items())

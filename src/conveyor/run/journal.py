@@ -226,6 +226,26 @@ class Journal:
             self._recover_entry(folder, recorded, done)
         return done
 
+    def running(self) -> dict[str, list[str]]:
+        """The outs of each stage that is running now (its entry's lock is held), by stage: they
+        are in the journal, not missing. Only reads, so a read-only command can ask."""
+        held: dict[str, list[str]] = {}
+        for folder in sorted(self.folder.iterdir()) if self.folder.is_dir() else []:
+            try:
+                with (folder / LOCK).open("r") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    continue  # its process is gone, or it is being dropped: not running
+            except BlockingIOError:
+                pass
+            except OSError:
+                continue
+            try:
+                data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+                held.setdefault(str(data["stage"]), []).extend(str(o["path"]) for o in data["outs"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return held
+
     def _recover_entry(self, folder: Path, recorded: Recorded | None, done: Recovered) -> None:
         """Recover one entry if its process died; nothing when it is still held (or was a draft)."""
         try:

@@ -20,7 +20,7 @@ from typing import IO
 
 from conveyor.errors import UsageError, redact
 from conveyor.run.capture import LineSink, current_sink
-from conveyor.workspace import state_dir
+from conveyor.workspace import STATE_DIR, state_dir
 
 # Stage loggers are children of Prefect's task-run logger: in a flow their records (and a
 # task's prints) reach Prefect's API, and one handler there sees them all.
@@ -61,8 +61,9 @@ def log_path(root: Path, run_id: str, stage: str) -> Path:
 
 
 def find_log(root: Path, stage: str, run_id: str | None = None) -> tuple[Path, str]:
-    """The log of ``stage`` in run ``run_id``, or in the last run that ran it; UsageError if none."""
-    folder = state_dir(root) / "logs"
+    """The log of ``stage`` in run ``run_id``, or in the last run that ran it; UsageError if none.
+    Only reads: no .conveyor/ is made (a read-only checkout may have none)."""
+    folder = root / STATE_DIR / "logs"
     if run_id is not None:
         path = folder / run_id / f"{stage}.log"
         if path.is_file():

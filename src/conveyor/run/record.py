@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from conveyor.errors import redact
+from conveyor.errors import UNWRITABLE, redact
 from conveyor.plan import dag
 from conveyor.run.logs import logs_dir
 from conveyor.run.schedule import Outcome
@@ -189,9 +189,15 @@ class RunEvents:
         self._lock = threading.Lock()
 
     def stage(self, stage: str, record: StageRecord) -> None:
+        """Append the line; on a full disk it is lost, not the run: the events serve only to settle a
+        killed run, and the stages still running must end (and be recorded in dvc.lock) as they would."""
         line = json.dumps({"stage": stage, **{k: v for k, v in asdict(record).items() if k != "trace"}})
-        with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        try:
+            with self._lock, self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE:
+                raise
 
 
 def _last_sign_of_life(root: Path, run: RunRecord) -> str:

@@ -20,18 +20,19 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.errors import ProfileError
+from conveyor.errors import ProfileError, RunLockedError, UnwritableError
 from conveyor.plan import dag
 from conveyor.plan.fingerprint import Record
 from conveyor.run.journal import KEPT_RECORDED, RECOVERED, Journal
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import RunRecord, begin, now, settle_killed_run
+from conveyor.run.record import RUNNING, RunRecord, begin, now, read_latest, settle_killed_run
 from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project
-from conveyor.workspace import run_lock
+from conveyor.workspace import run_holder, run_lock
 
 UP_TO_DATE = "up to date"
+IN_PROGRESS = "a run is in progress (pid {pid}): this is the state before it, with the stages it has finished so far"
 KILLED = "the last run ({run}) was killed while {stages} ran: recorded as interrupted"
 
 
@@ -132,6 +133,38 @@ def recover_killed(project: Project, warn: Callable[[str], None], *, settle: boo
     if killed is not None:
         warn(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"))
     return recovered.restored
+
+
+def recover_for_question(project: Project, warn: Callable[[str], None]) -> None:
+    """Before ``status`` or ``run --dry-run``: put back the previous outs of stages whose run was
+    killed, and settle its record, unless a run is going on (then say so: the answer is the state
+    before it). Where nothing can be written (a read-only checkout), nothing is recovered: the
+    question is answered all the same, from the workspace as it is."""
+    try:
+        with run_lock(project.root):
+            recover_killed(project, warn)
+    except RunLockedError as exc:  # a run is going on: its record is its own (its stages' entries stay locked)
+        warn(IN_PROGRESS.format(pid=exc.pid or "unknown"))
+        recover_killed(project, warn, settle=False)
+    except UnwritableError as exc:  # read-only: a run elsewhere, or what a killed one left, is all it can say
+        pid = run_holder(project.root)
+        if pid is not None:
+            warn(IN_PROGRESS.format(pid=pid))
+        elif left_by_killed(project):
+            warn(f"a killed run's outs and record are left as they are: {exc.filename} cannot be written "
+                 f"({exc.strerror})")
+
+
+def left_by_killed(project: Project) -> bool:
+    """Whether a killed run left anything for :func:`recover_killed` (outs in the journal, a record
+    that says running); read only, for a checkout where nothing can be written."""
+    journal = Journal(project.root)
+    entries = [f for f in journal.folder.iterdir() if not f.name.startswith(".")] if journal.folder.is_dir() else []
+    try:
+        latest = read_latest(project.root)
+    except (OSError, ValueError, TypeError):
+        latest = None
+    return len(entries) > len(journal.running()) or (latest is not None and latest.status == RUNNING)
 
 
 @contextmanager
