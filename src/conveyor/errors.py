@@ -167,6 +167,41 @@ class DamagedFileError(ConveyorError, ValueError):
         return redact(f"{self.path} is damaged: {self.reason}: write it again")  # a path may be a URL
 
 
+class DamagedCacheError(ConveyorError, RuntimeError):
+    """What DVC's cache restored for a stage does not hash to what DVC recorded for it: a cache
+    object damaged on disk, which DVC trusts without reading. Not a failure: the stage runs instead.
+
+    ``outs``: the outs restored wrong; ``objects``: the damaged cache objects, moved into ``aside``;
+    ``stuck``: damaged objects that could not be moved (a cache this user cannot write).
+    """
+
+    def __init__(self, stage: str, *, outs: list[str], objects: list[str], stuck: list[str], aside: str) -> None:
+        super().__init__(stage, outs, objects, stuck, aside)
+        self.stage, self.outs, self.objects, self.stuck, self.aside = stage, outs, objects, stuck, aside
+
+    def __str__(self) -> str:
+        damaged = [*self.objects, *self.stuck]
+        outs = ", ".join(self.outs) or "its outs"
+        if not damaged:
+            return (f"{self.stage}: what DVC's cache restored for {outs} is not what DVC recorded, so "
+                    f"{self.stage} runs instead (check the disk that holds DVC's cache)")
+        many = len(damaged) > 1
+        text = (f"{self.stage}: DVC's cache object{'s' if many else ''} {', '.join(damaged)} "
+                f"{'are' if many else 'is'} damaged (no longer the bytes {'their names' if many else 'its name'} "
+                f"record{'' if many else 's'}), so {self.stage} runs instead of restoring {outs} from it")
+        if self.objects:
+            text += f"; moved into {self.aside} (check that disk, then delete {'them' if many else 'it'})"
+        if self.stuck:
+            text += f"; could not move {', '.join(self.stuck)}: delete it by hand"
+        return text
+
+    @property
+    def reason(self) -> str:
+        """Why the stage ran, for the run record and the summary."""
+        return "DVC's cache held damaged objects: ran instead of restoring" if self.objects or self.stuck \
+            else "DVC's cache restored wrong bytes: ran instead of restoring"
+
+
 class RegistryError(ConveyorError, ValueError):
     """The model registry, or a metric a promotion compares, cannot be read or written."""
 

@@ -68,6 +68,10 @@ class RunView:
     def retrying(self, stage: str, attempt: int, error: str) -> None:
         self._plain(stage, f"attempt {attempt} failed ({error}); retrying")
 
+    def warning(self, stage: str, line: str) -> None:
+        """What the user must know of a stage that is not its outcome: one line, live view or not."""
+        self.console.print(Text.assemble(("WARNING ", "bold yellow"), line), soft_wrap=True)  # no markup: paths
+
     def finished(self, stage: str, outcome: Outcome, seconds: float, note: str = "") -> None:
         with self._lock:
             self.state[stage], self.note[stage], self.took[stage] = outcome.value, note, seconds

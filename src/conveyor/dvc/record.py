@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.dvc.inputs import as_started, command_changes, started_inputs
+from conveyor.dvc.restore import checkout_recorded, damage, set_aside
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
 from conveyor.spec.project import Project
@@ -239,18 +240,24 @@ class DvcRecord:
 
     def restore(self, stage: str) -> bool:
         """Check the stage's outs out of DVC's run cache when it ran before with these very deps,
-        params and command (as ``dvc repro`` does instead of running it); False when it did not."""
+        params and command (as ``dvc repro`` does instead of running it); False when it did not.
+
+        Raises :class:`DamagedCacheError` (the restored outs removed again) when what came out of
+        the cache does not hash to what DVC recorded for it (:mod:`conveyor.dvc.restore`)."""
         from dvc.exceptions import DvcException
         from dvc.stage.cache import RunCacheNotFoundError
 
         with self._mutex:
             st = self._stage(stage)
             try:
-                st.repo.stage_cache.restore(st)
+                cached = checkout_recorded(st)
             except RunCacheNotFoundError:
                 return False
             except DvcException:  # a damaged cache entry: run the command instead
                 return False
+            found = damage(cached)
+            if found is not None:
+                raise set_aside(stage, cached, found, rel=lambda path: _rel(self.project.root, path))
         return True
 
     def save(self, stage: str) -> list[str]:

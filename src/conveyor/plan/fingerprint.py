@@ -295,7 +295,8 @@ class Record(Protocol):
 
     def restore(self, stage: str) -> bool:
         """Bring back the outs of an earlier run with the very same inputs instead of running
-        (DVC's run cache); False when there is none."""
+        (DVC's run cache); False when there is none. Raises ``DamagedCacheError`` when what it
+        brought back is not what was recorded (then removed again: the stage runs)."""
         ...
 
     def save(self, stage: str) -> list[str]:

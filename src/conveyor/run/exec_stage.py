@@ -31,6 +31,9 @@ class _QuietEvents:
     def retrying(self, stage: str, attempt: int, error: str) -> None:
         logging.getLogger("conveyor").warning("%s: attempt %d failed: %s", stage, attempt, error)
 
+    def warning(self, stage: str, line: str) -> None:
+        logging.getLogger("conveyor").warning("%s", line)
+
 
 def _echo(stream: str, line: str) -> None:
     print(line, file=sys.stdout if stream == "out" else sys.stderr, flush=True)

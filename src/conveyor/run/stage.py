@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor.errors import MissingOutputError, RedactedError, StageError, plain, redact
+from conveyor.errors import DamagedCacheError, MissingOutputError, RedactedError, StageError, plain, redact
 from conveyor.plan.fingerprint import Record
 from conveyor.run import environment, workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
@@ -36,11 +36,13 @@ from conveyor.spec.project import Project, ensure_importable
 
 
 class StageEvents(Protocol):
-    """Who hears about a stage starting and retrying (the live view)."""
+    """Who hears about a stage starting and retrying, and what the user must know of it (the live view)."""
 
     def started(self, stage: str, profile: str, progress: StageProgress) -> None: ...
 
     def retrying(self, stage: str, attempt: int, error: str) -> None: ...
+
+    def warning(self, stage: str, line: str) -> None: ...
 
 
 # one task module imported at a time: stages start in threads, and two threads importing NumPy (or
@@ -178,12 +180,9 @@ class StageRunner:
                     self.record.prepare(stage)
                 if frozen:
                     log.line("out", f"{stage} is frozen: its command does not run; its outs are checked and recorded")
-                elif self.record is not None and not self.force and self.record.restore(stage):
-                    log.line("out", "restored from DVC's run cache: it ran before with these deps, params and command")
-                    self.run.stages[stage].reason += "; restored from DVC's run cache"
-                else:
+                elif not self._restored(stage, log):
                     with workers.WorkerWatch(stage, resources):
-                        self._run(fn, stage, resources, progress, log)
+                        self._execute(stage, fn, resources, progress, log)
                 check_outs(self.project.root, stage, spec.written)
                 with self._mutex:
                     too_late = self._abandoned.get(stage)
@@ -195,15 +194,32 @@ class StageRunner:
                         self.run.stages[stage].inputs_changed = changed
                         log.line("log", f"{INPUTS_CHANGED}: {'; '.join(changed)}")
 
-    def _run(self, fn: Callable[[StageContext], None] | None, stage: str, resources: Resources,
-             progress: StageProgress, log: StageLog) -> None:
-        """The stage's command, or its task (in a process of its own when deterministic)."""
+    def _execute(self, stage: str, fn: Callable[[StageContext], None] | None, resources: Resources,
+                 progress: StageProgress, log: StageLog) -> None:
+        """Run the stage's command or task (``fn``: the task function; None for a deterministic task)."""
         if self.project.pipeline.stages[stage].task is None:
             self._command(stage, resources, log)
         elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
             self._isolated(stage, resources, progress, log)
         else:
             self._call(fn, stage, resources, progress, stage_logger(stage))
+
+    def _restored(self, stage: str, log: StageLog) -> bool:
+        """Whether DVC's run cache stood in for the run; False (the stage runs) when it has
+        nothing for these inputs, or when what it brought back was damaged (the user is told)."""
+        if self.record is None or self.force:
+            return False
+        try:
+            restored = self.record.restore(stage)
+        except DamagedCacheError as exc:
+            log.line("out", str(exc))
+            self.run.stages[stage].reason += f"; {exc.reason}"
+            self.view.warning(stage, str(exc))
+            return False
+        if restored:
+            log.line("out", "restored from DVC's run cache: it ran before with these deps, params and command")
+            self.run.stages[stage].reason += "; restored from DVC's run cache"
+        return restored
 
     def _import(self, stage: str, progress: StageProgress) -> Callable[[StageContext], None]:
         """The task function; the live view says what is importing (torch alone takes seconds)."""
