@@ -7,12 +7,12 @@ is clean (dvc#11058). conveyor notes them as the stage starts and records those.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.dvc.reasons import rel_to
 from conveyor.plan.fingerprint import param_changes
 
 if TYPE_CHECKING:
@@ -51,15 +51,11 @@ def as_started(stage: PipelineStage, started: Mapping[str, tuple[Any, Any]]) -> 
             was, now = dict(hash_info.value or {}), dict(dep.hash_info.value or {})
             changed += param_changes(was, now) or [f"params changed: {dep}"]
         else:
-            changed.append(f"dep changed: {_rel(stage.repo.root_dir, dep.fs_path)}")
+            changed.append(f"dep changed: {rel_to(Path(stage.repo.root_dir), dep.fs_path)}")
             dep.meta = meta
         dep.hash_info = hash_info
     return changed
 
-
-def _rel(root: str, path: str) -> str:
-    full = os.path.abspath(path)
-    return Path(full).relative_to(root).as_posix() if Path(full).is_relative_to(root) else path
 
 
 _EXPR = re.compile(r"(?<!\\)\$\{\s*([^}]*?)\s*\}")  # DVC's ${...}; \${ is a literal

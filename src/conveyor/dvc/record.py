@@ -17,60 +17,19 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.dvc.inputs import as_started, command_changes, started_inputs
+from conveyor.dvc.reasons import params_changed, reason, rel_to
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
-from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths, param_changes
+from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths
 from conveyor.spec.project import Project
 from conveyor.workspace import alive, replace_atomically, state_dir
 
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
-
-
-def _reason(entry: Any, code: set[str], params: Callable[[str, Mapping[str, str]], list[str]], root: Path,
-            paths: Mapping[str, str]) -> list[str]:
-    """DVC's status entry for a stage, in conveyor's words (paths relative to the project root).
-
-    ``paths``: the absolute path of each dep and out by the name DVC's status gives it (relative
-    to the working directory when it lies below it, else as dvc.yaml writes it)."""
-    if isinstance(entry, str):
-        return {"changed checksum": ["command or definition changed"], "changed command": ["command changed"],
-                "always changed": ["always changed"]}.get(entry, [entry])
-    reasons: list[str] = []
-    for kind, changes in entry.items():
-        if kind == "changed deps":
-            for path, state in changes.items():
-                if isinstance(state, dict):  # a params file: {key: "modified" | "new" | "deleted"}
-                    reasons += params(path, state)
-                else:
-                    rel = _rel(root, paths.get(path, path))
-                    what = "code" if rel in code else "dep"
-                    reasons.append(f"{what} {'missing' if state == 'deleted' else 'changed'}: {rel}")
-        elif kind == "changed outs":
-            reasons += [_out_reason(root, _rel(root, paths.get(path, path)), state) for path, state in changes.items()]
-    return reasons
-
-
-def _rel(root: Path, path: str) -> str:
-    """A path (absolute, or relative to the working directory) relative to the root."""
-    if "://" in path:
-        return path
-    full = Path(os.path.abspath(path))
-    return full.relative_to(root).as_posix() if full.is_relative_to(root) else str(full)
-
-
-def _out_reason(root: Path, path: str, state: str) -> str:
-    """An out DVC calls changed, in plain words (a fresh clone's outs are 'missing', not 'not in cache')."""
-    if state == "deleted" or not os.path.lexists(root / path):
-        return f"out missing: {path}"
-    if state == "not in cache":
-        return f"out not in the DVC cache: {path}"
-    return f"out changed: {path}"
 
 
 class DvcRecord:
@@ -208,7 +167,7 @@ class DvcRecord:
             entries = status.get(st.addressing, [])
             paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
             reasons = [r for entry in entries
-                       for r in _reason(entry, self._code[stage], partial(_params, st), self.project.root, paths)]
+                       for r in reason(entry, self._code[stage], partial(params_changed, st), self.project.root, paths)]
             if "changed command" in entries:  # only because a ${param} in it changed? say which
                 explained = command_changes(st, self._recorded_cmd(stage))
                 if explained is not None:
@@ -257,7 +216,7 @@ class DvcRecord:
                 return False
             found = damage(cached)
             if found is not None:
-                raise set_aside(stage, cached, found, rel=lambda path: _rel(self.project.root, path))
+                raise set_aside(stage, cached, found, rel=lambda path: rel_to(self.project.root, path))
         return True
 
     def save(self, stage: str) -> list[str]:
@@ -313,26 +272,6 @@ def _status(stage: PipelineStage) -> dict[str, list[Any]]:
     no other process reads or writes these paths meanwhile."""
     unlocked = getattr(type(stage).status, "__wrapped__", None)  # the function under DVC's decorator
     return dict(unlocked(stage) if unlocked is not None else stage.status())
-
-
-def _params(stage: PipelineStage, path: str, state: Mapping[str, str]) -> list[str]:
-    """Leaf keys of a params file that changed (``params changed: train.lr 0.1 → 0.2``)."""
-    from dvc.dependency.param import ParamsDependency
-
-    for dep in stage.deps:
-        if isinstance(dep, ParamsDependency) and str(dep) == path:
-            old = dep.hash_info.value if dep.hash_info and isinstance(dep.hash_info.value, dict) else {}
-            try:
-                new = dep.read_params()
-            except Exception:  # noqa: BLE001 - DVC reports a broken params file itself
-                new = {}
-            reasons: list[str] = []
-            for key in state:
-                was = {key: old[key]} if key in old else {}
-                now = {key: new[key]} if key in new else {}
-                reasons += param_changes(was, now) or [f"params changed: {key}"]
-            return reasons
-    return [f"params changed: {key}" for key in state]
 
 
 def check_compiled(project: Project) -> None:
