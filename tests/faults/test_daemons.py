@@ -117,3 +117,20 @@ def test_daemons_of_a_command_on_a_worker_end_with_it(worker_client: Client, tmp
         run_on_worker(worker_client, timed, Lines())
     assert wait_until_none(timed.env["CONVEYOR_TEST_MARK"]) == []
     assert marked(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+@pytest.mark.parametrize("children_listed", [True, False], ids=["proc-children", "proc-scan"])
+def test_descendants_are_found_by_either_walk_of_proc(monkeypatch: pytest.MonkeyPatch, children_listed: bool) -> None:
+    """Linux without CONFIG_PROC_CHILDREN has no children files: the scan of every parent link stands in."""
+    from conveyor.run import guard
+
+    monkeypatch.setattr(guard, "_CHILDREN_LISTED", children_listed and guard._CHILDREN_LISTED)
+    shell = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & echo up; wait"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout is not None and shell.stdout.readline().strip() == "up"
+        sleeping = [p.pid for p in psutil.Process(shell.pid).children()]
+        assert guard.descendants(os.getpid()).count(shell.pid) == 1
+        assert set(guard.descendants(shell.pid)) == set(sleeping) and sleeping
+    finally:
+        guard.signal_all([shell.pid, *guard.descendants(shell.pid)], signal.SIGKILL)
+        shell.wait()

@@ -35,29 +35,70 @@ ESCAPED_GRACE_S = 2.0  # between SIGTERM and SIGKILL of what the commands left r
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live process under ``pid``, read from the parent links in ``/proc`` ([] without /proc)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if fields[0] != b"Z":  # a zombie has ended: only its parent's wait is missing
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    """Every live process under ``pid``, walked down from it through ``/proc`` ([] without /proc)."""
+    scanned: dict[int, list[int]] | None = None
     found, todo = [], [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
+        parent = todo.pop()
+        if _CHILDREN_LISTED:
+            children = _children(parent)
+        else:
+            scanned = _scan() if scanned is None else scanned
+            children = scanned.get(parent, [])
+        for child in children:
+            if _state(child) not in (None, b"Z"):  # a zombie has ended: only its parent's wait is missing
+                found.append(child)
+                todo.append(child)
     return found
+
+
+# Linux lists each thread's children in /proc (3.5 and later, CONFIG_PROC_CHILDREN): a walk from
+# the root reads a few files; without it every process's parent link is read
+_CHILDREN_LISTED = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                found += [int(child) for child in f.read().split()]
+    except OSError:  # it (or that thread) ended since listed
+        pass
+    return found
+
+
+def _scan() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return children
+    for pid in entries:
+        parent = _parent(pid)
+        if parent is not None:
+            children.setdefault(parent, []).append(pid)
+    return children
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after ``pid (comm)``: state, ppid, ...; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def _state(pid: int) -> bytes | None:
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def _parent(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
 
 
 def signal_all(pids: list[int], sig: int) -> None:

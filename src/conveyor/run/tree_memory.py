@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import StageError
+from conveyor.run.guard import descendants
 
 
 @dataclass(frozen=True)
@@ -51,29 +52,12 @@ def worker_budget(worker: Any) -> MemoryBudget | None:
 
 def tree_rss(pid: int) -> int:
     """Resident bytes of process ``pid`` and all its descendants (0 once it is gone)."""
-    if _PROC_CHILDREN:
-        return sum(_rss(p) for p in _tree(pid))
+    if os.path.isdir("/proc"):
+        return sum(_rss(p) for p in [pid, *descendants(pid)])
     return _tree_rss_psutil(pid)
 
 
-# Linux lists each thread's children in /proc (3.5 and later): the tree is walked from its root,
-# where psutil reads every process of the machine to find them (30 ms a look on a busy host)
-_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _tree(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    todo.extend(int(child) for child in children.read().split())
-        except OSError:  # it (or that thread) ended since listed: no children to follow
-            continue
-    return found
 
 
 def _rss(pid: int) -> int:
