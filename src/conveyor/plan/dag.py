@@ -8,7 +8,7 @@ inside a dep of B (the way DVC links stages).
 from __future__ import annotations
 
 import graphlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from conveyor.spec.models import Pipeline, Stage
 
@@ -21,22 +21,75 @@ def overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
+class PathIndex:
+    """Paths indexed so that :func:`overlaps` is asked of a few, not of every pair.
+
+    A path overlaps another when they are equal, or one lies inside the other: the paths
+    overlapping ``p`` are those equal to ``p`` or to one of its ancestors (a few dict
+    look-ups, one per ``/`` in ``p``), and those with ``p`` among their ancestors (kept,
+    per ancestor, as paths are added). Building and asking cost the paths' length, not the
+    number of paths, so a graph of 5,000 stages is built in milliseconds, not minutes.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[str, list[int]] = {}  # path (no trailing /) -> keys of the paths that are it
+        self._under: dict[str, list[int]] = {}  # ancestor -> keys of the paths strictly inside it
+        self.owners: list[str] = []  # key -> owner
+
+    def add(self, path: str, owner: str) -> int:
+        """Index ``path`` for ``owner``; returns its key (keys count up from 0 in adding order)."""
+        key = len(self.owners)
+        self.owners.append(owner)
+        path = path.rstrip("/")
+        self._at.setdefault(path, []).append(key)
+        for ancestor in _ancestors(path):
+            self._under.setdefault(ancestor, []).append(key)
+        return key
+
+    def keys(self, path: str) -> set[int]:
+        """The keys of the indexed paths that :func:`overlaps` ``path``."""
+        path = path.rstrip("/")
+        found = set(self._at.get(path, ())) | set(self._under.get(path, ()))
+        for ancestor in _ancestors(path):
+            found.update(self._at.get(ancestor, ()))
+        return found
+
+    def owners_of(self, path: str) -> set[str]:
+        """The owners of the indexed paths that overlap ``path``."""
+        return {self.owners[key] for key in self.keys(path)}
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    """Every ``p`` with ``path.startswith(p + "/")``: the prefixes of ``path`` that end before a ``/``."""
+    at = path.find("/")
+    while at != -1:
+        yield path[:at]
+        at = path.find("/", at + 1)
+
+
 def upstream_graph(pipeline: Pipeline) -> dict[str, frozenset[str]]:
     """For every stage, the stages it depends on (``needs`` ∪ producers of its deps)."""
     return stage_graph(pipeline.stages)
 
 
+def written_index(stages: Mapping[str, Stage]) -> PathIndex:
+    """Every path the ``stages`` write (outs, then metrics), owned by its stage."""
+    index = PathIndex()
+    for name, stage in stages.items():
+        for path in stage.written:
+            index.add(path, name)
+    return index
+
+
 def stage_graph(stages: Mapping[str, Stage]) -> dict[str, frozenset[str]]:
     """:func:`upstream_graph` over any set of stages (also a partly valid spec's)."""
+    index = written_index(stages)
     graph: dict[str, frozenset[str]] = {}
     for name, stage in stages.items():
-        producers = {
-            other
-            for other, o_stage in stages.items()
-            if other != name
-            and any(overlaps(out, dep) for out in o_stage.written for dep in stage.deps)
-        }
-        graph[name] = frozenset(producers | (set(stage.needs) & set(stages)))
+        producers = {owner for dep in stage.deps for owner in index.owners_of(dep)}
+        producers.discard(name)
+        producers.update(need for need in stage.needs if need in stages)
+        graph[name] = frozenset(producers)
     return graph
 
 

@@ -247,19 +247,20 @@ def check_graph(doc: LoadedYaml, stages: Mapping[str, Stage], graph: dag.Graph, 
     for name, stage in stages.items():
         for kind, items in (("outs", stage.out_items), ("metrics", stage.metric_items)):
             owners += [(name, ("stages", name, kind, item.name or i), item.path) for i, item in enumerate(items)]
-    for n, (_, key, path) in enumerate(owners):
-        for other, _, other_path in owners[:n]:
-            if dag.overlaps(path, other_path):
-                issues.append(SpecIssue(doc.path, doc.line(key), ".".join(map(str, key[:3])),
-                                        f"'{path}' is also written by stage '{other}' ('{other_path}'): "
-                                        "every out has one producer"))
-    produced = [p for *_, p in owners]
+    produced = dag.PathIndex()
+    for stage_name, key, path in owners:  # each path against those before it, as they were declared
+        for n in sorted(produced.keys(path)):
+            other, (_, _, other_path) = produced.owners[n], owners[n]
+            issues.append(SpecIssue(doc.path, doc.line(key), ".".join(map(str, key[:3])),
+                                    f"'{path}' is also written by stage '{other}' ('{other_path}'): "
+                                    "every out has one producer"))
+        produced.add(path, stage_name)
     for name, stage in stages.items():
         for i, item in enumerate(stage.dep_items):
             key = ("stages", name, "deps", item.name or i)
             if ".".join(map(str, key)) in bad_paths:
                 continue
-            if not any(dag.overlaps(item.path, p) for p in produced) and not (root / item.path).exists():
+            if not produced.keys(item.path) and not (root / item.path).exists():
                 issues.append(SpecIssue(doc.path, doc.line(key), f"stages.{name}.deps",
                                         f"'{item.path}' does not exist and no stage writes it"))
     return issues
