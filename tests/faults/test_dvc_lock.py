@@ -3,6 +3,11 @@
 DVC rewrites dvc.lock in place: killed mid-write, it is left empty or cut short, DVC refuses
 it and the project's whole record is gone. conveyor records a stage through DVC's own
 serializer but writes the file whole and renames it over the old one.
+
+conveyor also writes dvc.lock in batches (conveyor.dvc.lockfile): an entry recorded but not yet
+written is in the pending log, and a run killed before writing it loses no stage: the next run
+writes the entry, unless someone recorded after the kill (a `dvc repro`: theirs wins) or the
+stage's outs changed since (then it runs again).
 """
 
 from __future__ import annotations
@@ -73,9 +78,94 @@ def test_killed_while_writing_dvc_lock_leaves_the_previous_one_readable(
                                capture_output=True, text=True, check=True).stdout
     assert ".tmp" not in untracked  # the half-written text stayed in .conveyor/, out of sight
 
+    again = project.conveyor("run")  # two's entry, in the pending log before the write, is written now
+    assert again.returncode == 0, again.stdout + again.stderr
+    stages = project.record()["stages"]
+    assert (stages["one"]["status"], stages["two"]["status"]) == ("skipped", "skipped")
+    assert "echo 3" in (project.root / "dvc.lock").read_text()
+    clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout
+
+
+# `conveyor run` whose dvc.lock writes never come (each entry stays in the pending log), killed
+# once both stages have succeeded: the worst moment for entries written in batches.
+RUN_PENDING_AND_DIE = """
+import os, signal, sys
+from conveyor.dvc.lockfile import LockWriter
+from conveyor.run.record import RunEvents
+
+LockWriter.flush = lambda self: None
+stage_event = RunEvents.stage
+
+def dying(self, stage, record):
+    stage_event(self, stage, record)
+    if stage == "two" and record.status == "succeeded":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+RunEvents.stage = dying
+from conveyor.cli.app import main
+
+sys.argv = ["conveyor", "run"]
+main()
+"""
+
+
+def killed_with_entries_pending(make_project: Callable[[], Project]) -> tuple[Project, bytes]:
+    """A project run once (two says 2), then run with two saying 3 and killed with two's new entry
+    recorded in the pending log only; the project and its dvc.lock as the first run left it."""
+    project = make_project()
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(command, cwd=project.root, check=True, capture_output=True)
+    project.write("dvc.yaml", DVC_YAML.format(two="2"))
+    first = project.conveyor("run")
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = (project.root / "dvc.lock").read_bytes()
+    project.write("dvc.yaml", DVC_YAML.format(two="3"))
+    killed = subprocess.run([sys.executable, "-c", RUN_PENDING_AND_DIE], cwd=project.root, env=project.env,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert (project.root / "dvc.lock").read_bytes() == before  # never written
+    assert (project.root / "two.txt").read_text() == "3\n"  # the journal let go of the previous outs
+    assert (project.root / ".conveyor/dvc-lock-pending").is_file()
+    return project, before
+
+
+def test_killed_with_entries_pending_loses_no_stage(make_project: Callable[[], Project]) -> None:
+    project, _ = killed_with_entries_pending(make_project)
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    stages = project.record()["stages"]
+    assert (stages["one"]["status"], stages["two"]["status"]) == ("skipped", "skipped")
+    assert (project.root / "two.txt").read_text() == "3\n"
+    assert not (project.root / ".conveyor/dvc-lock-pending").exists()
+    clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout
+
+
+def test_a_dvc_repro_after_the_kill_wins_over_the_pending_log(make_project: Callable[[], Project]) -> None:
+    """dvc repro writes dvc.lock after the kill: the pending log, started on the older file, is dropped."""
+    project, before = killed_with_entries_pending(make_project)
+    repro = subprocess.run(["dvc", "repro"], cwd=project.root, capture_output=True, text=True)
+    assert repro.returncode == 0, repro.stdout + repro.stderr
+    by_dvc = (project.root / "dvc.lock").read_bytes()
+    assert by_dvc != before
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {s["status"] for s in project.record()["stages"].values()} == {"skipped"}
+    assert (project.root / "dvc.lock").read_bytes() == by_dvc
+    assert not (project.root / ".conveyor/dvc-lock-pending").exists()
+
+
+def test_outs_changed_after_the_kill_are_not_recorded_from_the_pending_log(
+        make_project: Callable[[], Project]) -> None:
+    """two.txt edited by hand after the kill: its pending entry no longer describes it, so it is not
+    written; two runs again (and dvc.lock never claims the edited file came from the command)."""
+    project, _ = killed_with_entries_pending(make_project)
+    (project.root / "two.txt").write_text("edited\n")
     again = project.conveyor("run")
     assert again.returncode == 0, again.stdout + again.stderr
     stages = project.record()["stages"]
     assert (stages["one"]["status"], stages["two"]["status"]) == ("skipped", "succeeded")
+    assert (project.root / "two.txt").read_text() == "3\n"
     clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
     assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout

@@ -21,15 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
 from conveyor.dvc.inputs import as_started, command_changes, started_inputs
+from conveyor.dvc.lockfile import LockWriter, pending_entries
 from conveyor.dvc.reasons import params_changed, reason, rel_to
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths
 from conveyor.spec.project import Project
-from conveyor.workspace import alive, replace_atomically, state_dir
+from conveyor.workspace import alive
 
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
+
+    from conveyor.plan.fingerprint import Hasher
 
 
 class DvcRecord:
@@ -69,6 +72,7 @@ class DvcRecord:
         self._stages: dict[str, PipelineStage] = {}
         self._locked: set[str] = set()
         self._started: dict[str, dict[str, tuple[Any, Any]]] = {}  # a running stage's deps: (hash, meta) by path
+        self._lock = LockWriter(self.file.with_suffix(".lock"), project.root, self.repo.scm_context.track_file)
 
     @contextmanager
     def session(self) -> Iterator[DvcRecord]:
@@ -99,12 +103,16 @@ class DvcRecord:
                                  "finish, then run again")
         try:
             with self._mutex:
+                self._lock.merge_pending(partial(_outs_match, self.project))  # before dvc.lock is read
                 self._load()
             yield self
         finally:
             with self._mutex:
-                held.close()
-                self.repo.close()
+                try:
+                    self._lock.flush()  # what stages recorded since the last write, before DVC's lock goes
+                finally:
+                    held.close()
+                    self.repo.close()
 
     @contextmanager
     def unlocked(self) -> Iterator[DvcRecord]:
@@ -240,28 +248,12 @@ class DvcRecord:
         return changed
 
     def _dump_lock(self, st: PipelineStage) -> None:
-        """The stage's entry into dvc.lock as DVC's ``Lockfile.dump_stages`` writes it (its
-        serializer, its round-trip YAML), but into a temporary file renamed over dvc.lock:
-        DVC rewrites the file in place, and a kill -9 then leaves it empty, the project's
-        whole record lost."""
-        from dvc.dvcfile import logger
+        """The stage's entry as DVC's ``Lockfile.dump_stages`` makes it (its serializer, its
+        round-trip YAML), into dvc.lock in batches (:mod:`conveyor.dvc.lockfile`): whole, through a
+        temporary file renamed over it, and the entry in the pending log until then."""
         from dvc.stage.serialize import to_lockfile
-        from dvc.utils.serialize import dumps_yaml, parse_yaml_for_update
 
-        path = self.file.with_suffix(".lock")
-        relpath = os.path.relpath(path)
-        data: Any = parse_yaml_for_update(path.read_text(encoding="utf-8"), str(path)) if path.exists() else {}
-        if not data:
-            data.update({"schema": "2.0"})  # first: DVC keeps the schema at the top
-            logger.info("Generating lock file '%s'", relpath)
-        data["stages"] = data.get("stages", {})
-        entry = to_lockfile(st)
-        if path.exists() and data["stages"].get(st.name, {}) == entry.get(st.name, {}):
-            return
-        logger.info("Updating lock file '%s'", relpath)
-        data["stages"].update(entry)
-        replace_atomically(path, dumps_yaml(data), scratch=state_dir(self.project.root))
-        self.repo.scm_context.track_file(relpath)
+        self._lock.update(st.name, to_lockfile(st)[st.name])
 
 
 def _status(stage: PipelineStage) -> dict[str, list[Any]]:
@@ -321,29 +313,41 @@ def recorded_in_place(project: Project) -> Callable[[str, Sequence[str]], bool]:
     from conveyor.plan.fingerprint import Hasher, LockRecord
 
     hasher = Hasher()
+    pending: dict[str, Any] = {}
     if project.dvc is None and not compiled_from(project):
         lock = LockRecord.for_project(project)
     else:  # dvc.lock: the same reader (it reads YAML as well as conveyor's JSON)
         lock = LockRecord((project.dvc.file if project.dvc is not None else dvc_yaml(project)).with_suffix(".lock"))
+        pending = pending_entries(project.root, lock.path)  # recorded, not yet written (conveyor.dvc.lockfile)
 
     def check(stage: str, paths: Sequence[str]) -> bool:
         try:
-            recorded = lock.get(stage)
+            recorded = pending.get(stage) or lock.get(stage)
         except (OSError, ValueError, yaml.YAMLError):  # unreadable: no one vouches, the journal puts back
             return False
-        spec = project.pipeline.stages.get(stage)
-        if recorded is None or spec is None:
-            return False
-        wdir = recorded.get("wdir") or (spec.wdir if project.dvc is not None else None) or ""
-        hashes = {os.path.normpath(os.path.join(wdir, str(o.get("path")))): o.get("md5")
-                  for o in recorded.get("outs", []) if isinstance(o, Mapping)}
-        for path in paths:
-            now = hasher.entry(project.root, path)
-            if now is None or hashes.get(os.path.normpath(path)) != now.md5:
-                return False
-        return bool(paths)
+        return _outs_match(project, stage, recorded, paths, hasher)
 
     return check
+
+
+def _outs_match(project: Project, stage: str, recorded: Mapping[str, Any] | None, paths: Sequence[str] | None = None,
+                hasher: Hasher | None = None) -> bool:
+    """Whether the outs ``paths`` of ``stage`` in the workspace (default: every out ``recorded``
+    names) hash to what its lock entry ``recorded`` holds for them."""
+    from conveyor.plan.fingerprint import Hasher
+
+    spec = project.pipeline.stages.get(stage)
+    if recorded is None or spec is None:
+        return False
+    wdir = recorded.get("wdir") or (spec.wdir if project.dvc is not None else None) or ""
+    hashes = {os.path.normpath(os.path.join(wdir, str(o.get("path")))): o.get("md5")
+              for o in recorded.get("outs", []) if isinstance(o, Mapping)}
+    hasher = hasher or Hasher()
+    for path in paths if paths is not None else list(hashes):
+        now = hasher.entry(project.root, path)
+        if now is None or hashes.get(os.path.normpath(path)) != now.md5:
+            return False
+    return bool(paths if paths is not None else hashes)
 
 
 def open_record(project: Project) -> Record:
