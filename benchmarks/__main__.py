@@ -22,6 +22,7 @@ from benchmarks import (
     preprocess_pandas,
     preprocess_workers,
     reference,
+    scale,
     serve_latency,
     sweep,
     torch_ddp,
@@ -31,7 +32,7 @@ from benchmarks import (
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
-                                                          xgboost_dask, torch_ddp, memory_cap, deterministic)}
+                                                          xgboost_dask, torch_ddp, memory_cap, deterministic, scale)}
 
 
 def _log(line: str) -> None:
