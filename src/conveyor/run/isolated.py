@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
 from conveyor.run.context import StageContext, StageProgress
-from conveyor.workspace import state_dir
+from conveyor.workspace import alive, state_dir
 
 if TYPE_CHECKING:
     from conveyor.run.commands import Sink
@@ -72,8 +74,9 @@ def run_isolated(payload: Payload, *, env: Mapping[str, str], timeout_s: float |
     from conveyor.run.commands import Command, CommandFailed, run_here  # the parent's: the child stays lean
 
     root, stage = Path(payload.root), payload.stage
-    state_dir(root).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="isolated-", dir=state_dir(root)) as tmp:
+    state = state_dir(root)
+    _remove_left_by_dead(state)
+    with tempfile.TemporaryDirectory(prefix=f"isolated-{os.getpid()}-", dir=state) as tmp:
         path = Path(tmp) / "payload.pickle"
         payload.write(path)
         command = Command(stage, (command_line(path),), cwd=str(root), env=env, timeout_s=timeout_s)
@@ -83,6 +86,15 @@ def run_isolated(payload: Payload, *, env: Mapping[str, str], timeout_s: float |
             if not summary:
                 raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
             raise StageError(stage, summary)
+
+
+def _remove_left_by_dead(state: Path) -> None:
+    """The payload folders of runners killed mid-stage (kill -9 skips the ``with`` that removes
+    them): the pid in the name says whose each was."""
+    for left in state.glob("isolated-*-*"):
+        pid = left.name.split("-")[1]
+        if pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def command_line(payload: Path) -> str:
