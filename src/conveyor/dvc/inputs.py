@@ -80,7 +80,7 @@ def command_changes(stage: PipelineStage, recorded: Any) -> list[str] | None:
             return None
         for expr, a, b in zip(exprs, then.groups(), today.groups(), strict=True):
             changes += param_changes({expr: a}, {expr: b})
-    return changes or None
+    return list(dict.fromkeys(changes)) or None  # one line per param, however often the command uses it
 
 
 def _cmd_template(stage: PipelineStage) -> Any:
