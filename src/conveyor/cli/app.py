@@ -457,6 +457,14 @@ def init(directory: Annotated[Path, typer.Argument(metavar="DIR", hidden=True)] 
 
 
 @app.command()
+def schema() -> None:
+    """Print the spec's JSON Schema, for editors (`conveyor schema > .conveyor-schema.json`)."""
+    from conveyor.spec.schema import schema_text
+
+    sys.stdout.write(schema_text())
+
+
+@app.command()
 def deploy() -> None:
     """Register the prefect.yaml deployments (pipeline, retrain); create their process work pool if missing."""
     from conveyor.prefect.deploy import deploy_all
