@@ -452,8 +452,10 @@ def init(directory: Annotated[Path, typer.Argument(metavar="DIR", hidden=True)] 
     root = init_project(directory)
     cd = "" if root == Path.cwd().resolve() else f"  cd {directory}\n"
     out.print(f"made the conveyor project {root.name} in {root} (git and DVC initialised)\nnext:\n{cd}"
-              "  conveyor run          # run the pipeline\n  python -m pytest      # the project's tests",
-              highlight=False)
+              "  conveyor run               # run the pipeline\n"
+              "  pip install -e \".[test]\"   # the project's test dependencies (pytest), once\n"
+              "  python -m pytest           # the project's tests",
+              highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
