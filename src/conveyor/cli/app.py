@@ -164,8 +164,8 @@ def run(
             else:
                 record = _run_flow(project, session, run_id, verbose)
     except KeyboardInterrupt as exc:
-        signals.interrupted_run(err, project, run_id, exc)
-    err.print(summary(record, project, resume_command(project, record)))
+        signals.interrupted_run(err, project, run_id, exc, options)
+    err.print(summary(record, project, resume_command(project, record, options)))
     if record.status != "succeeded":
         raise typer.Exit(1)
 
