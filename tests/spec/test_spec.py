@@ -458,6 +458,14 @@ def test_bad_yaml_syntax_reports_the_line(project: ProjectDir) -> None:
     assert (issue.file, issue.line, issue.key) == (spec, 4, "")
 
 
+def test_bad_yaml_syntax_reports_the_column_too(project: ProjectDir) -> None:
+    """As DVC does: a line may hold a whole flow mapping, and the column says where in it."""
+    spec = project.spec("pipeline: demo\nstages:\n  ingest: {task: tasks.steps:fetch, outs: [data/raw}\n")
+    issue = only_issue(spec_error(spec, "not valid YAML"))
+    assert issue.line == 3
+    assert issue.message == "not valid YAML: expected ',' or ']', but got '}' (column 52)"  # the '}' that closes no '['
+
+
 def test_unclosed_flow_sequence_reports_a_line(project: ProjectDir) -> None:
     spec = project.spec("""
         pipeline: demo

@@ -164,8 +164,8 @@ def run(
             else:
                 record = _run_flow(project, session, run_id, verbose)
     except KeyboardInterrupt as exc:
-        signals.interrupted_run(err, project, run_id, exc)
-    err.print(summary(record, project, resume_command(project, record)))
+        signals.interrupted_run(err, project, run_id, exc, options)
+    err.print(summary(record, project, resume_command(project, record, options)))
     if record.status != "succeeded":
         raise typer.Exit(1)
 
@@ -452,8 +452,18 @@ def init(directory: Annotated[Path, typer.Argument(metavar="DIR", hidden=True)] 
     root = init_project(directory)
     cd = "" if root == Path.cwd().resolve() else f"  cd {directory}\n"
     out.print(f"made the conveyor project {root.name} in {root} (git and DVC initialised)\nnext:\n{cd}"
-              "  conveyor run          # run the pipeline\n  python -m pytest      # the project's tests",
-              highlight=False)
+              "  conveyor run               # run the pipeline\n"
+              "  pip install -e \".[test]\"   # the project's test dependencies (pytest), once\n"
+              "  python -m pytest           # the project's tests",
+              highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command()
+def schema() -> None:
+    """Print the spec's JSON Schema, for editors (`conveyor schema > .conveyor-schema.json`)."""
+    from conveyor.spec.schema import schema_text
+
+    sys.stdout.write(schema_text())
 
 
 @app.command()

@@ -22,7 +22,7 @@ from conveyor.run.context import StageProgress
 from conveyor.run.logs import logs_dir
 from conveyor.run.record import INPUTS_CHANGED, RunRecord, record_path
 from conveyor.run.schedule import Outcome
-from conveyor.run.session import UP_TO_DATE
+from conveyor.run.session import UP_TO_DATE, RunOptions
 from conveyor.spec.project import Project
 
 STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
@@ -187,8 +187,35 @@ def status_table(reasons: Mapping[str, list[str]], notes: Mapping[str, list[str]
     return table
 
 
-def resume_command(project: Project, run: RunRecord) -> str | None:
-    """The command that re-runs what failed and everything after it."""
+def resume_command(project: Project, run: RunRecord, options: RunOptions | None = None) -> str | None:
+    """The command that re-runs what failed and everything after it (forced, if the run was)."""
     if not run.failed:
         return None
-    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream"
+    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream{_carried(options)}"
+
+
+def resume_interrupted(project: Project, run: RunRecord, options: RunOptions | None = None) -> str:
+    """The command that finishes an interrupted run: the same selection, which skips what finished.
+
+    A forced run is the exception: run again with ``--force`` it would redo what finished, and
+    without it skip what did not (up to date before the run): so it names the stages that did not
+    finish, alone (``-s``) and forced.
+    """
+    base = f"conveyor run{project.spec_option}"
+    if options is None:
+        return base
+    unfinished = [name for name, st in run.stages.items() if st.status not in ("succeeded", "skipped")]
+    if options.force and unfinished and len(unfinished) < len(run.stages):
+        return f"{base} {' '.join(unfinished)} -s{_carried(options)}"
+    named = "".join(f" {name}" for name in options.stages)
+    selection = " --downstream" if options.downstream else " -s" if options.single else ""
+    return f"{base}{named}{selection}{_carried(options)}"
+
+
+def _carried(options: RunOptions | None) -> str:
+    """What a resumed run must repeat of the options: ``--force`` and ``--profile`` swaps
+    (``-S`` is in the params file already)."""
+    if options is None:
+        return ""
+    swaps = "".join(f" --profile {name}={target}" for name, target in options.profiles.items())
+    return swaps + (" --force" if options.force else "")
