@@ -288,6 +288,11 @@ class Record(Protocol):
         """Why ``stage`` must run again; empty when it is up to date."""
         ...
 
+    def reload(self) -> None:
+        """Under the session, after the run wrote its ``-S`` values into the params file: read
+        again what was read when the session began."""
+        ...
+
     def prepare(self, stage: str) -> None:
         """Just before ``stage`` runs: what it runs with is noted (its deps and params), and
         (DVC) a ``persist`` out linked from its cache becomes a copy."""
@@ -317,6 +322,9 @@ class FingerprintRecord:
 
     def session(self) -> AbstractContextManager[Any]:
         return nullcontext(self)
+
+    def reload(self) -> None:
+        """Nothing is kept between questions: each reads the files anew."""
 
     def reasons(self, stage: str) -> list[str]:
         state = current_state(self.project, stage, self.hasher)
