@@ -1,7 +1,8 @@
 """A sweep grown step by step in a DVC project (issue 33): the stage that ``needs`` the matrix
 sees every item's outs, and a value added to the matrix list (in params.yaml, or with ``-S``)
-runs the new item and what needs it, with no `conveyor compile` in between; ``dvc status``
-agrees after each run. A ``-S`` the run refuses leaves params.yaml byte for byte.
+runs the new item and what needs it, with no `conveyor compile` in between; a value removed
+runs what needed it again; ``dvc status`` agrees after each run. A ``-S`` the run refuses
+leaves params.yaml byte for byte.
 
     fit@0.1  ┐
     fit@10.0 ├──► pick      (fit: matrix over params.yaml's sweep.alphas; pick needs: [fit])
@@ -152,6 +153,16 @@ def test_a_sweep_grows_in_params_yaml_and_with_set_param(make_project: Callable[
     assert ran(project) == ["fit@1000.0", "pick"]
     assert (project.root / "params.yaml").read_text() == PARAMS.replace("10.0]  #", "10.0, 100.0, 1000.0] #")
     assert project.record()["overrides"] == {"sweep.alphas": [0.1, 10.0, 100.0, 1000.0]}
+    assert dvc_clean(project)
+
+    # shrunk, the best item dropped: no item runs, pick runs again (DVC alone would call it up to date)
+    shrunk = project.conveyor("run", "-S", "sweep.alphas=[0.1, 100.0, 1000.0]")
+    assert shrunk.returncode == 0, shrunk.stdout + shrunk.stderr
+    assert ran(project) == ["pick"]
+    assert sorted(project.record()["stages"]["pick"]["reason"].split("; ")) == [
+        "dep removed: metrics/m-10.0.json", "dep removed: models/m-10.0.json"]
+    best = json.loads((project.root / "models/best.json").read_text())
+    assert list(best["items"]) == ["fit@0.1", "fit@100.0", "fit@1000.0"] and best["best"] == "fit@0.1"
     assert dvc_clean(project)
     assert "Traceback" not in grown.stderr and not project.left_running()
 

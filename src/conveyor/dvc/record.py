@@ -71,6 +71,7 @@ class DvcRecord:
         self._code = {name: set(code_paths(project, name)) for name in project.order}
         self._stages: dict[str, PipelineStage] = {}
         self._locked: set[str] = set()
+        self._entries: dict[str, Any] = {}  # dvc.lock's entry of each stage, as the session read it or wrote it
         self._started: dict[str, dict[str, tuple[Any, Any]]] = {}  # a running stage's deps: (hash, meta) by path
 
     @contextmanager
@@ -149,7 +150,8 @@ class DvcRecord:
         if as_compiled and drift(self.project) is not None:  # DVC's own schema check, on the text not written
             dvcfile.__dict__["contents"] = dvcfile.validate(yaml_text(render(self.project)), str(self.file))
         self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
-        self._locked = set(dvcfile.lockfile_contents.get("stages", {}))
+        self._entries = dict(dvcfile.lockfile_contents.get("stages", {}))
+        self._locked = set(self._entries)
 
     def _running_dvc(self) -> list[str]:
         """Live DVC commands holding path locks (``dvc repro`` releases its repository lock while
@@ -189,12 +191,24 @@ class DvcRecord:
             paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
             reasons = [r for entry in entries
                        for r in reason(entry, self._code[stage], partial(params_changed, st), self.project.root, paths)]
+            reasons += self._removed_deps(stage, st)
             if "changed command" in entries:  # only because a ${param} in it changed? say which
                 explained = command_changes(st, self._recorded_cmd(stage))
                 if explained is not None:
                     at = reasons.index("command changed")
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
             return reasons
+
+    def _removed_deps(self, stage: str, st: PipelineStage) -> list[str]:
+        """``dep removed: models/m-0.1.json`` for each data dep dvc.lock records and the stage no
+        longer has: a sweep shrunk under the stage that picks its best. DVC does not say it (its
+        status checks the deps the stage has); the stage's output still reflects the dropped one."""
+        recorded = self._entries.get(stage) or {}
+        now = {dep.def_path for dep in st.deps}
+        wdir = os.path.relpath(st.wdir, self.project.root) if st.wdir else ""
+        gone = [os.path.normpath(os.path.join(wdir, str(d.get("path")))) for d in recorded.get("deps", [])
+                if isinstance(d, Mapping) and d.get("path") not in now]
+        return [f"dep removed: {path}" for path in gone if path not in self._code[stage]]
 
     def _recorded_cmd(self, stage: str) -> Any:
         """The stage's command as dvc.lock records it."""
@@ -229,6 +243,8 @@ class DvcRecord:
 
         with self._mutex:
             st = self._stage(stage)
+            if self._removed_deps(stage, st):  # DVC would check dvc.lock's outs out: made with those deps
+                return False
             try:
                 cached = checkout_recorded(st)
             except RunCacheNotFoundError:
@@ -277,6 +293,7 @@ class DvcRecord:
             logger.info("Generating lock file '%s'", relpath)
         data["stages"] = data.get("stages", {})
         entry = to_lockfile(st)
+        self._entries.update(entry)
         if path.exists() and data["stages"].get(st.name, {}) == entry.get(st.name, {}):
             return
         logger.info("Updating lock file '%s'", relpath)

@@ -173,6 +173,10 @@ def stale_reasons(project: Project, stage: str, state: StageState,
             reasons.append(f"{what} missing: {path}")
         elif was.get(path) != now[path]:
             reasons.append(f"{what} changed: {path}")
+    # a data dep it no longer has (a sweep shrunk under the stage that picks its best); a task
+    # module its task stopped importing is no reason (code deps are Python sources)
+    declared = set(data_deps(project, stage)) | code
+    reasons += [f"dep removed: {path}" for path in was if path not in declared and not path.endswith(".py")]
     old_params: Mapping[str, Any] = next(iter(recorded.get("params", {}).values()), {})
     reasons += param_changes(old_params, dict(state.params))
     was_outs = {o["path"]: o.get("md5") for o in recorded.get("outs", [])}
