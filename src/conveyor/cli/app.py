@@ -23,7 +23,7 @@ from rich.console import Console
 from conveyor.cli import signals
 from conveyor.errors import UNWRITABLE, ConveyorError, Interrupted, UnwritableError, UsageError
 from conveyor.plan import dag
-from conveyor.spec.overrides import describe, parse_overrides, reads, write_overrides
+from conveyor.spec.overrides import describe, parse_overrides, rendered, write_rendered
 from conveyor.spec.project import Project, load_project, resolve_spec
 
 if TYPE_CHECKING:
@@ -115,6 +115,9 @@ def run(
     """
     project = _project(config)
     changes = parse_overrides(set_param or [], project.root, project.params_path)
+    texts = rendered(changes) if changes else {}
+    if project.params_path in texts:  # the project as the run sees it, checked before anything is written
+        project = load_project(project.spec_path, params_text=texts[project.params_path])
     targets = project.expand(stages or [])
     if single_item and not targets:
         raise UsageError("-s/--single-item runs only the stages you name: name at least one "
@@ -132,21 +135,15 @@ def run(
         from conveyor.dvc.status import stale
 
         for change in changes:
-            readers = [s for s in project.order if s in selected and reads(project, s, change)]
-            also = f"; the stages that read it would run too: {', '.join(readers) or 'none'}" \
-                if project.dvc is None else ""  # a dvc.yaml's stages name their params for DVC only
-            err.print(f"-S would set {describe(change, project.root)} (not written: --dry-run){also}",
-                      highlight=False)
-        out.print(status_table(stale(project, selected, force=force)))
+            err.print(f"-S would set {describe(change, project.root)} (not written: --dry-run)", highlight=False)
+        out.print(status_table(stale(project, selected, force=force, changes=changes)))
         return
-    if changes:  # written as `dvc exp run -S` writes them, then the project is read again
-        from conveyor.workspace import run_lock
 
-        with run_lock(project.root):  # not while another run reads the file
-            write_overrides(changes)
+    def write() -> None:  # under the run's locks: a run refused has written nothing
+        write_rendered(texts)
         for change in changes:
             err.print(f"-S set {describe(change, project.root)}", highlight=False)
-        project = _project(config)
+
     from conveyor.run.record import new_run_id
     from conveyor.run.session import RunOptions, nothing_to_do, open_session
 
@@ -158,7 +155,10 @@ def run(
 
     # Decide first, under the run's locks: when nothing is due, no Prefect, server or cluster starts.
     try:
-        with open_session(project, options, warn=warn) as session:
+        recompiled = _recompiled_note(project)
+        with open_session(project, options, warn=warn, write=write if texts else None) as session:
+            if recompiled:
+                err.print(recompiled, highlight=False, soft_wrap=True)
             if session.nothing_to_do:
                 record = nothing_to_do(session, run_id)
             else:
@@ -168,6 +168,17 @@ def run(
     err.print(summary(record, project, resume_command(project, record, options)))
     if record.status != "succeeded":
         raise typer.Exit(1)
+
+
+def _recompiled_note(project: Project) -> str | None:
+    """What the run says when it compiles dvc.yaml again (it is conveyor's, and the spec or
+    the params it expands, such as a sweep's list, changed); None when it matches."""
+    from conveyor.dvc.compile import compiled_from, drift
+
+    if project.dvc is not None or not compiled_from(project) or drift(project) is None:
+        return None
+    return (f"dvc.yaml compiled again from {project.rel(project.spec_path)} and its params "
+            "(commit it with dvc.lock)")
 
 
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:

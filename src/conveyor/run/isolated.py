@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
-from conveyor.run.context import StageContext, StageProgress
+from conveyor.run.context import MatrixItem, StageContext, StageProgress
 from conveyor.workspace import alive, state_dir
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class Payload:
     metrics: Mapping[str, str]
     names: Mapping[str, str] = field(default_factory=dict)
     item: Any = None
+    needed: Mapping[str, Mapping[str, MatrixItem]] = field(default_factory=dict)  # ctx.items(): plain data, pickles
     threads: int = 0  # a threads profile's max_workers: the child's own executor; 0 for none
 
     def write(self, path: Path) -> None:
@@ -161,6 +162,7 @@ def _context(payload: Payload, executor: ThreadPoolExecutor | None, progress: St
         stage=payload.stage, params=payload.params, root=Path(payload.root), log=logger,
         deps={k: Path(v) for k, v in payload.deps.items()}, outs={k: Path(v) for k, v in payload.outs.items()},
         metrics={k: Path(v) for k, v in payload.metrics.items()}, names=payload.names, item=payload.item,
+        needed=payload.needed,
         executor=executor, n_workers=payload.threads or 1, progress=progress,
     )
 

@@ -71,6 +71,9 @@ class ForcedRecord:
     def reasons(self, stage: str) -> list[str]:
         return ["forced"] if stage in self.forced else self.inner.reasons(stage)
 
+    def reload(self) -> None:
+        self.inner.reload()
+
     def prepare(self, stage: str) -> None:
         self.inner.prepare(stage)
 
@@ -168,11 +171,13 @@ def left_by_killed(project: Project) -> bool:
 
 
 @contextmanager
-def open_session(project: Project, options: RunOptions,
-                 warn: Callable[[str], None] = lambda _line: None) -> Iterator[RunSession]:
+def open_session(project: Project, options: RunOptions, warn: Callable[[str], None] = lambda _line: None,
+                 *, write: Callable[[], None] | None = None) -> Iterator[RunSession]:
     """Take the run lock and the record's session, recover killed outs, plan; nothing heavy.
 
-    ``warn`` hears each out put back from a killed run.
+    ``warn`` hears each out put back from a killed run. ``write``: what the run writes once it
+    holds its locks, before it plans (the ``-S`` values into the params file): a run refused
+    (another run, ``dvc repro``) has written nothing. ``project`` was read with those values.
     """
     from conveyor.dvc.record import open_record
 
@@ -181,6 +186,9 @@ def open_session(project: Project, options: RunOptions,
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)
     with run_lock(project.root), record.session():
+        if write is not None:
+            write()
+            record.reload()
         recovered = recover_killed(project, warn)
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:

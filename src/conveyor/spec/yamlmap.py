@@ -157,10 +157,10 @@ class LoadedYaml:
         return None
 
 
-def load_yaml(path: Path) -> LoadedYaml:
-    """Parse ``path``; raises ``yaml.YAMLError`` (with a mark) on bad syntax, and its
-    subclass :class:`YamlRefused` for a document conveyor does not read at all."""
-    text = _read_text(path)
+def load_yaml(path: Path, text: str | None = None) -> LoadedYaml:
+    """Parse ``path`` (or ``text``, what it would hold); raises ``yaml.YAMLError`` (with a mark)
+    on bad syntax, and its subclass :class:`YamlRefused` for a document conveyor does not read at all."""
+    text = _read_text(path) if text is None else text
     try:
         return _load(path, text, _FastLoader)
     except YamlRefused:
