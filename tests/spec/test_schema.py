@@ -17,7 +17,7 @@ import yaml
 
 from conveyor.errors import SpecError
 from conveyor.spec.matrix import expand
-from conveyor.spec.models import parse_dvc_pipeline, parse_pipeline
+from conveyor.spec.parse import parse_dvc_pipeline, parse_pipeline
 from conveyor.spec.schema import SCHEMA_FILE, spec_schema
 from conveyor.spec.yamlmap import load_yaml
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from conveyor.errors import SpecError, SpecIssue
-from conveyor.spec.models import DaskProfile, size_in_bytes
+from conveyor.spec.base import size_in_bytes
+from conveyor.spec.profiles import DaskProfile
 from conveyor.spec.project import load_project
 
 if TYPE_CHECKING:

@@ -50,7 +50,7 @@ def usage_error(exc: typer.TyperException) -> NoReturn:
     command = str(getattr(getattr(exc, "ctx", None), "command_path", None) or "conveyor")
     option, possible = getattr(exc, "option_name", None), getattr(exc, "possibilities", None)
     if option and possible:  # click lists every close option; name the closest, as the spec errors do
-        from conveyor.spec.models import did_you_mean
+        from conveyor.errors import did_you_mean
 
         message = f"No such option: {option}{did_you_mean(option, possible)}"
     line = " ".join(message.split())

@@ -63,7 +63,7 @@ def predict(
 
 
 def _is_size(text: str) -> bool:
-    from conveyor.spec.models import BYTES
+    from conveyor.spec.base import BYTES
 
     return bool(BYTES.match(text))
 

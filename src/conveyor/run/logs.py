@@ -81,7 +81,7 @@ def find_log(root: Path, stage: str, run_id: str | None = None) -> tuple[Path, s
         if path.is_file():
             return path, run.name
     staged = sorted({p.stem for run in runs for p in run.glob("*.log") if p.stem not in RUN_LOGS})
-    from conveyor.spec.models import did_you_mean
+    from conveyor.errors import did_you_mean
 
     hint = did_you_mean(stage, staged)
     raise UsageError(f"no log of stage '{stage}' in {folder}{hint}: it has not run yet "

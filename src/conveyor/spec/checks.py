@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from conveyor.errors import SpecIssue
+from conveyor.errors import SpecIssue, did_you_mean
 from conveyor.plan import dag
 from conveyor.spec.interpolate import dotted_keys
-from conveyor.spec.models import Stage, did_you_mean
+from conveyor.spec.models import Stage
 from conveyor.spec.sources import package_problem, task_problem
 from conveyor.spec.yamlmap import Key, LoadedYaml
 

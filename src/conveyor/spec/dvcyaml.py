@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
-from conveyor.errors import SpecError, SpecIssue
+from conveyor.errors import SpecError, SpecIssue, did_you_mean
 from conveyor.spec.checks import link_problem
 from conveyor.spec.dvcload import DvcLoaded, SchemaChecked, stamp
-from conveyor.spec.models import DvcPipeline, Pipeline, Stage, did_you_mean, parse_dvc_pipeline
+from conveyor.spec.models import DvcPipeline, Pipeline, Stage
+from conveyor.spec.parse import parse_dvc_pipeline
 from conveyor.spec.yamlmap import Key, LoadedYaml, YamlRefused, load_yaml, yaml_issue
 
 if TYPE_CHECKING:

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from conveyor.errors import UsageError
+from conveyor.errors import UsageError, did_you_mean
 from conveyor.spec.interpolate import dotted_keys, lookup
-from conveyor.spec.models import did_you_mean
 from conveyor.spec.yamlmap import load_yaml
 from conveyor.workspace import replace_atomically
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
-from conveyor.errors import SpecError, SpecIssue, UsageError
+from conveyor.errors import SpecError, SpecIssue, UsageError, did_you_mean
 from conveyor.plan import dag
 from conveyor.spec.checks import check_graph, check_references, link_problem, path_problem, stages_of, valid_stages
 from conveyor.spec.dvcyaml import DvcSource, is_placement, load_dvc_project
 from conveyor.spec.interpolate import interpolate_stage, lookup
 from conveyor.spec.matrix import Expanded, expand, group_key, of_item
-from conveyor.spec.models import Pipeline, did_you_mean, parse_pipeline
+from conveyor.spec.models import Pipeline
+from conveyor.spec.parse import parse_pipeline
 from conveyor.spec.sources import local_sources
 from conveyor.spec.yamlmap import LoadedYaml, load_yaml, yaml_issue
 

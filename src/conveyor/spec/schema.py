@@ -15,16 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from conveyor.spec.models import (
-    NAME,
-    PROFILE_KINDS,
-    DaskCudaProfile,
-    DaskProfile,
-    DvcPipeline,
-    Pipeline,
-    SlurmProfile,
-    ThreadsProfile,
-)
+from conveyor.spec.models import NAME, DvcPipeline, Pipeline
+from conveyor.spec.profiles import PROFILE_KINDS, DaskCudaProfile, DaskProfile, SlurmProfile, ThreadsProfile
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # where `conveyor init` writes the schema, and what its spec's first line points at
