@@ -45,7 +45,8 @@ def compare(
 
     RUN...: run ids or unique prefixes of them, shown in that order (default: the last 5 runs, oldest first).
     """
-    from conveyor.cli.history import compare_table, pick, rows_of
+    from conveyor.cli.history import compare_table, pick
+    from conveyor.run.compare import rows_of
 
     page = _plot_path(plot) if plot is not None else None
     project, mine, others = _past_runs(config)
