@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -174,6 +174,14 @@ class DvcRecord:
                     at = reasons.index("command changed")
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
             return reasons
+
+    def commit_sources(self, stages: Iterable[str], *, force: bool = False) -> list[str]:
+        """The ``.dvc`` files upstream of ``stages`` whose data changed, committed as ``dvc repro``
+        commits them before the first stage (:mod:`conveyor.dvc.sources`); returns those written."""
+        from conveyor.dvc.sources import commit_sources, sources_of
+
+        with self._mutex:
+            return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force)
 
     def _recorded_cmd(self, stage: str) -> Any:
         """The stage's command as dvc.lock records it."""

@@ -182,6 +182,7 @@ def open_session(project: Project, options: RunOptions,
     selected = options.selected(project.graph)
     with run_lock(project.root), record.session():
         recovered = recover_killed(project, warn)
+        _settle_sources(project, record, options, selected)
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:
             if stage not in selected:
@@ -193,6 +194,21 @@ def open_session(project: Project, options: RunOptions,
             else:
                 planned[stage] = record.reasons(stage)
         yield RunSession(project, options, record, selected, planned, recovered)
+
+
+def _settle_sources(project: Project, record: Record, options: RunOptions, selected: set[str]) -> None:
+    """What ``dvc repro`` settles before the first stage of a dvc.yaml: a dep that no stage writes
+    and is missing fails the run now (nothing has run); the ``dvc add``ed data the selected stages
+    read is committed where it changed (not with ``-s`` or ``--downstream``: ``dvc repro`` then
+    leaves the upstream ``.dvc`` files alone)."""
+    if project.dvc is None:
+        return
+    from conveyor.dvc.sources import check_unmade
+
+    check_unmade(project, [stage for stage in project.order if stage in selected])
+    commit = getattr(getattr(record, "inner", record), "commit_sources", None)  # a ForcedRecord wraps it
+    if commit is not None and not (options.single or options.downstream):
+        commit([stage for stage in project.order if stage in selected], force=options.force)
 
 
 def nothing_to_do(session: RunSession, run_id: str | None = None) -> RunRecord:
