@@ -158,13 +158,13 @@ class DvcRecord:
 
         with self._mutex:
             st = self._stage(stage)
-            if not self.recorded(stage):
+            if not self.recorded(stage) and not st.frozen:  # DVC asks a frozen stage only about its outs
                 return ["never run"]
             try:
                 status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
-            entries = status.get(st.addressing, [])
+            entries = [e for e in status.get(st.addressing, []) if not (st.frozen and e == "always changed")]
             paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
             reasons = [r for entry in entries
                        for r in reason(entry, self._code[stage], partial(params_changed, st), self.project.root, paths)]
