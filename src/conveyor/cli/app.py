@@ -60,6 +60,8 @@ SingleOption = Annotated[bool, typer.Option(
     "-s", "--single-item", metavar="", help="Run only the given stages, not their upstream (as dvc repro -s).")]
 ForceOption = Annotated[bool, typer.Option(
     "--force", "-f", metavar="", help="Run selected stages even when up to date.")]
+ForceDownstreamOption = Annotated[bool, typer.Option(
+    "--force-downstream", metavar="", help="Also run every stage after one that runs, changed or not (as dvc repro).")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", metavar="", help="Show what would run and why; run nothing.")]
 ProfileOption = Annotated[list[str] | None, typer.Option(
     "--profile", metavar="NAME=PROFILE", help="Swap a profile for this run (repeatable).")]
@@ -104,6 +106,7 @@ def run(
     downstream: DownstreamOption = False,
     single_item: SingleOption = False,
     force: ForceOption = False,
+    force_downstream: ForceDownstreamOption = False,
     dry_run: DryRunOption = False,
     profile: ProfileOption = None,
     set_param: SetParamOption = None,
@@ -151,7 +154,7 @@ def run(
     from conveyor.run.session import RunOptions, nothing_to_do, open_session
 
     options = RunOptions(tuple(targets), downstream, force, swaps, single=single_item,
-                         overrides={c.shown: c.new for c in changes})
+                         overrides={c.shown: c.new for c in changes}, force_downstream=force_downstream)
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary

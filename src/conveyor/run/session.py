@@ -38,7 +38,11 @@ KILLED = "the last run ({run}) was killed while {stages} ran: recorded as interr
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What to run: a selection of stages (``dvc repro`` semantics), forced or not."""
+    """What to run: a selection of stages (``dvc repro`` semantics), forced or not.
+
+    ``force_downstream``: a stage whose upstream ran in this run runs too, changed or not
+    (``dvc repro --force-downstream``: an upstream that rewrote its outs with the same bytes
+    would otherwise leave it up to date)."""
 
     stages: tuple[str, ...] = ()
     downstream: bool = False
@@ -47,6 +51,7 @@ class RunOptions:
     forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
     single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # -S key=value, already in the params file
+    force_downstream: bool = False
 
     def selected(self, graph: dag.Graph) -> set[str]:
         return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
@@ -109,6 +114,8 @@ class RunSession:
         """
         if self.options.force:
             return ["forced"]
+        if self.options.force_downstream and any(u in self.ran for u in self.project.graph[stage]):
+            return ["forced: its upstream ran (--force-downstream)"]
         planned = self.planned[stage]
         if planned is not None and not any(u in self.ran for u in self.project.graph[stage]):
             return planned
