@@ -19,6 +19,7 @@ from conveyor.cli import signals
 from conveyor.cli.common import (
     DownstreamOption,
     DryRunOption,
+    ForceDownstreamOption,
     ForceOption,
     ProfileOption,
     SetParamOption,
@@ -51,6 +52,7 @@ def run(
     downstream: DownstreamOption = False,
     single_item: SingleOption = False,
     force: ForceOption = False,
+    force_downstream: ForceDownstreamOption = False,
     dry_run: DryRunOption = False,
     profile: ProfileOption = None,
     set_param: SetParamOption = None,
@@ -95,7 +97,7 @@ def run(
     from conveyor.run.session import RunOptions, nothing_to_do, open_session
 
     options = RunOptions(tuple(targets), downstream, force, swaps, single=single_item,
-                         overrides={c.shown: c.new for c in changes})
+                         overrides={c.shown: c.new for c in changes}, force_downstream=force_downstream)
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary

@@ -45,6 +45,8 @@ SingleOption = Annotated[bool, typer.Option(
     "-s", "--single-item", metavar="", help="Run only the given stages, not their upstream (as dvc repro -s).")]
 ForceOption = Annotated[bool, typer.Option(
     "--force", "-f", metavar="", help="Run selected stages even when up to date.")]
+ForceDownstreamOption = Annotated[bool, typer.Option(
+    "--force-downstream", metavar="", help="Also run every stage after one that runs, changed or not (as dvc repro).")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", metavar="", help="Show what would run and why; run nothing.")]
 ProfileOption = Annotated[list[str] | None, typer.Option(
     "--profile", metavar="NAME=PROFILE", help="Swap a profile for this run (repeatable).")]

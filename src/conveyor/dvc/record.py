@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -180,14 +180,14 @@ class DvcRecord:
         from dvc.exceptions import DvcException
 
         with self._mutex:
-            if not self.recorded(stage):
-                return ["never run"]
             st = self._stage(stage)
+            if not self.recorded(stage) and not st.frozen:  # DVC asks a frozen stage only about its outs
+                return ["never run"]
             try:
                 status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
-            entries = status.get(st.addressing, [])
+            entries = [e for e in status.get(st.addressing, []) if not (st.frozen and e == "always changed")]
             paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
             reasons = [r for entry in entries
                        for r in reason(entry, self._code[stage], partial(params_changed, st), self.project.root, paths)]
@@ -209,6 +209,14 @@ class DvcRecord:
         gone = [os.path.normpath(os.path.join(wdir, str(d.get("path")))) for d in recorded.get("deps", [])
                 if isinstance(d, Mapping) and d.get("path") not in now]
         return [f"dep removed: {path}" for path in gone if path not in self._code[stage]]
+
+    def commit_sources(self, stages: Iterable[str], *, force: bool = False) -> list[str]:
+        """The ``.dvc`` files upstream of ``stages`` whose data changed, committed as ``dvc repro``
+        commits them before the first stage (:mod:`conveyor.dvc.sources`); returns those written."""
+        from conveyor.dvc.sources import commit_sources, sources_of
+
+        with self._mutex:
+            return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force)
 
     def _recorded_cmd(self, stage: str) -> Any:
         """The stage's command as dvc.lock records it."""

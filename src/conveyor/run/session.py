@@ -38,7 +38,11 @@ KILLED = "the last run ({run}) was killed while {stages} ran: recorded as interr
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What to run: a selection of stages (``dvc repro`` semantics), forced or not."""
+    """What to run: a selection of stages (``dvc repro`` semantics), forced or not.
+
+    ``force_downstream``: a stage whose upstream ran in this run runs too, changed or not
+    (``dvc repro --force-downstream``: an upstream that rewrote its outs with the same bytes
+    would otherwise leave it up to date)."""
 
     stages: tuple[str, ...] = ()
     downstream: bool = False
@@ -47,6 +51,7 @@ class RunOptions:
     forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
     single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # -S key=value, already in the params file
+    force_downstream: bool = False
 
     def selected(self, graph: dag.Graph) -> set[str]:
         return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
@@ -112,6 +117,8 @@ class RunSession:
         """
         if self.options.force:
             return ["forced"]
+        if self.options.force_downstream and any(u in self.ran for u in self.project.graph[stage]):
+            return ["forced: its upstream ran (--force-downstream)"]
         planned = self.planned[stage]
         if planned is not None and not any(u in self.ran for u in self.project.graph[stage]):
             return planned
@@ -190,6 +197,7 @@ def open_session(project: Project, options: RunOptions, warn: Callable[[str], No
             write()
             record.reload()
         recovered = recover_killed(project, warn)
+        _settle_sources(project, record, options, selected)
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:
             if stage not in selected:
@@ -201,6 +209,21 @@ def open_session(project: Project, options: RunOptions, warn: Callable[[str], No
             else:
                 planned[stage] = record.reasons(stage)
         yield RunSession(project, options, record, selected, planned, recovered)
+
+
+def _settle_sources(project: Project, record: Record, options: RunOptions, selected: set[str]) -> None:
+    """What ``dvc repro`` settles before the first stage of a dvc.yaml: a dep that no stage writes
+    and is missing fails the run now (nothing has run); the ``dvc add``ed data the selected stages
+    read is committed where it changed (not with ``-s`` or ``--downstream``: ``dvc repro`` then
+    leaves the upstream ``.dvc`` files alone)."""
+    if project.dvc is None:
+        return
+    from conveyor.dvc.sources import check_unmade
+
+    check_unmade(project, [stage for stage in project.order if stage in selected])
+    commit = getattr(getattr(record, "inner", record), "commit_sources", None)  # a ForcedRecord wraps it
+    if commit is not None and not (options.single or options.downstream):
+        commit([stage for stage in project.order if stage in selected], force=options.force)
 
 
 def nothing_to_do(session: RunSession, run_id: str | None = None) -> RunRecord:
