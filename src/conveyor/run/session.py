@@ -131,7 +131,7 @@ def recover_killed(project: Project, warn: Callable[[str], None], *, settle: boo
     kill, by ``dvc repro`` or that run itself) and, with ``settle`` (the caller holds the run
     lock), its record settled as interrupted. ``warn`` hears each; returns the stages whose
     outs were put back."""
-    from conveyor.dvc.record import recorded_in_place
+    from conveyor.dvc.vouched import recorded_in_place
 
     root = project.root
     recovered = Journal(root).recover(recorded_in_place(project))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from pydantic import ValidationError
 from conveyor.errors import SpecError, SpecIssue, did_you_mean
 from conveyor.spec import dvcindex
 from conveyor.spec.checks import link_problem
+from conveyor.spec.dvcerrors import dvc_issues
 from conveyor.spec.dvcload import DvcLoaded, SchemaChecked, stamp
 from conveyor.spec.models import DvcPipeline, Pipeline, Stage
 from conveyor.spec.parse import parse_dvc_pipeline
@@ -240,7 +240,7 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
             loaded.SCHEMA = None  # these very bytes passed DVC's schema check (it only checks: nothing changes)
         stages = {stage.name: stage for stage in loaded.stages.values()}
     except DvcException as exc:
-        raise SpecError(_dvc_issues(dvc_file, written, exc)) from None
+        raise SpecError(dvc_issues(dvc_file, written, exc)) from None
     except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as exc:  # what DVC's schema let through
         said = str(exc).rstrip(".") or type(exc).__name__
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages",
@@ -249,35 +249,6 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", "no stages to run")])
     checked.remember()
     return loaded, stages
-
-
-_RESOLVE = re.compile(r"failed to parse '([^']*)' in '[^']*':\s*(.*)", re.DOTALL)
-
-
-def _dvc_issues(dvc_file: Path, written: LoadedYaml, exc: Exception) -> list[SpecIssue]:
-    """DVC's error about ``dvc_file`` as conveyor issues: file, line, key, what DVC said."""
-    cause = getattr(exc, "exc", None)
-    errors = getattr(cause, "errors", None)
-    if errors:  # schema: voluptuous errors, each with its key path
-        issues = []
-        for error in errors:
-            key = tuple(error.path)
-            what = "unknown key" if error.msg == "extra keys not allowed" else error.msg
-            hint = f" '{key[-1]}'" if what == "unknown key" and key else ""
-            issues.append(SpecIssue(dvc_file, written.line(key), ".".join(map(str, key)),
-                                    f"{what}{hint} (DVC's schema of dvc.yaml)"))
-        return issues
-    syntax = exc.__cause__  # YAML syntax: DVC's error wraps ruamel's, which has the line
-    mark = getattr(syntax, "problem_mark", None)
-    if mark is not None:
-        problem = getattr(syntax, "problem", None) or "not valid YAML"
-        return [SpecIssue(dvc_file, mark.line + 1, "", f"not valid YAML: {problem}")]
-    text = str(exc).strip()
-    found = _RESOLVE.match(text)
-    if found:  # interpolation: "failed to parse 'stages.a.cmd' in 'dvc.yaml': Could not find 'x'"
-        key = tuple(found.group(1).split("."))
-        return [SpecIssue(dvc_file, written.line(key), found.group(1), found.group(2).strip())]
-    return [SpecIssue(dvc_file, None, "", text)]
 
 
 def _key(stage: str, where: str) -> tuple[str, ...]:
