@@ -2,7 +2,8 @@
 
 The public API, for a project's tasks and flows:
 
-- ``StageContext``, ``StageProgress``: what a task ``fn(ctx) -> None`` receives;
+- ``StageContext``, ``StageProgress``, ``MatrixItem``: what a task ``fn(ctx) -> None`` receives
+  (``ctx.items("train")``: the items of a matrix stage it needs);
 - ``run_stages``, ``retrain``, ``pipeline_run_name``, ``retrain_run_name``: what a project's
   Prefect flows (``flows/``) call, inside a ``@flow``;
 - libraries for tasks: :mod:`conveyor.ingest` (many sources on a thread pool),
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from conveyor.run.context import StageContext, StageProgress
+from conveyor.run.context import MatrixItem, StageContext, StageProgress
 
 if TYPE_CHECKING:
     from conveyor.prefect.flow import pipeline_run_name, run_stages
     from conveyor.prefect.retrain import retrain, retrain_run_name
 
-__all__ = ["StageContext", "StageProgress", "__version__", "pipeline_run_name", "retrain", "retrain_run_name",
+__all__ = ["MatrixItem", "StageContext", "StageProgress", "__version__", "pipeline_run_name", "retrain",
+           "retrain_run_name",
            "run_stages"]
 
 __version__ = "0.1.0"

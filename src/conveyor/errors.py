@@ -6,9 +6,11 @@ Each error carries typed attributes and builds its message in ``__str__``, so ca
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,3 +249,9 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str = "SIGINT") -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` when a close match exists, else an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

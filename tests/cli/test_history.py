@@ -21,7 +21,8 @@ from typer.testing import CliRunner, Result
 
 import conveyor.cli.app as cli
 from conveyor.cli.chart import chart_page
-from conveyor.cli.history import artifact_rows, compare_table, rows_of
+from conveyor.cli.history import compare_table
+from conveyor.run.compare import artifact_rows, rows_of
 from conveyor.run.record import RunRecord, StageRecord, parse_record
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 from kernels import KERNEL_PATHS
 
@@ -42,6 +43,8 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
         "make_data": "succeeded", "featurize": "succeeded", "train": "succeeded"}
     assert {n: s["profile"] for n, s in record["stages"].items()} == {
         "make_data": "io", "featurize": "cpu", "train": "local"}
+    # 2,000 rows: under the cpu profile's in_process_below, no cluster is started for them
+    assert record["stages"]["featurize"]["placement"].startswith("in process: its deps hold"), record
     assert json.loads((root / "metrics/train.json").read_text())["r2"] > 0.95
     assert "ridge alpha=1.0: test r2" in (root / f".conveyor/logs/{record['run_id']}/train.log").read_text()
 
@@ -80,6 +83,34 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
     types = run([sys.executable, "-m", "mypy", "tasks", "flows", "scripts", "tests"], root, env)
     assert types.returncode == 0, types.stdout
+
+
+@pytest.mark.slow
+def test_a_new_project_says_how_to_test_it_points_editors_at_the_schema_and_dvc_adds_its_own_data(
+        tmp_path: Path) -> None:
+    made = run(["conveyor", "init", "myproj"], tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert 'pip install -e ".[test]"' in made.stdout  # before `python -m pytest`: a new project has no pytest
+    root = tmp_path / "myproj"
+
+    # the spec's first line names a schema file that is there, and is the installed conveyor's schema
+    first = (root / "configs/pipeline.yaml").read_text().splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    schema_path = (root / "configs" / first.partition("$schema=")[2]).resolve()
+    schema = json.loads(schema_path.read_text())
+    assert schema == json.loads(run(["conveyor", "schema"], root).stdout)
+    from conveyor.spec.yamlmap import load_yaml
+
+    jsonschema.Draft202012Validator(schema).validate(load_yaml(root / "configs/pipeline.yaml").data)
+
+    # git ignores the stage outs, not the project's own inputs beside them
+    (root / "data").mkdir()
+    (root / "data/my.csv").write_text("x,y\n1,2\n")
+    added = run(["dvc", "add", "data/my.csv"], root)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert (root / "data/my.csv.dvc").is_file()
+    outs = ["data/raw.csv", "data/features/part.0.parquet", "models/model.json"]
+    assert run(["git", "check-ignore", *outs], root).stdout.split() == outs
 
 
 def test_init_refuses_a_directory_that_is_not_empty(tmp_path: Path) -> None:

@@ -75,8 +75,13 @@ def _pinned_project(make_project: Callable[[], Project]) -> Project:
 
 def test_a_deterministic_task_runs_in_a_process_of_its_own_with_the_pins(make_project: Callable[[], Project]) -> None:
     project = _pinned_project(make_project)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = {pid: project.root / f".conveyor/isolated-{pid}-x" for pid in (int(gone.stdout), os.getpid())}
+    for folder in left.values():  # a runner killed mid-stage left its payload folder; a live one's stays
+        folder.mkdir(parents=True)
     done = project.conveyor("run")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not left[int(gone.stdout)].exists() and left[os.getpid()].exists()
 
     probe = json.loads((project.root / "out/probe.json").read_text())
     plain = json.loads((project.root / "out/plain.json").read_text())

@@ -201,6 +201,20 @@ def test_sigterm_stops_the_run_and_exits_143(make_project: Callable[[], Project]
     assert project.record()["status"] == "interrupted"
 
 
+def test_an_interrupted_forced_run_says_to_resume_what_it_had_not_finished_forced(
+        make_project: Callable[[], Project], prefect_home: Callable[[], Path]) -> None:
+    """After `run --force`, plain `conveyor run` would skip stages that were up to date before it:
+    the resume line names those it had not finished, alone and forced."""
+    project = stuck_project(make_project, "configured", prefect_home)
+    proc = project.popen("run", "--force")
+    wait_both_started(project, lambda: proc.poll() is None)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out[-3000:]
+    assert "resume with: conveyor run a b -s --force\n" in out, out[-3000:]
+    assert_nothing_lost(project)
+
+
 def _signalled_thread(pid: int) -> int:
     """A thread of ``pid`` other than its main one that does not block SIGINT."""
     for task in sorted(Path(f"/proc/{pid}/task").iterdir()):

@@ -15,7 +15,8 @@ from distributed.security import Security
 
 from conveyor.errors import ProfileError, SpecError
 from conveyor.run.profiles import Profiles, slurm_cluster
-from conveyor.spec.models import DaskProfile, Pipeline, SlurmProfile
+from conveyor.spec.models import Pipeline
+from conveyor.spec.profiles import DaskProfile, SlurmProfile
 
 
 def test_slurm_profile_generates_the_job_script_it_declares() -> None:
@@ -35,7 +36,7 @@ def test_slurm_profile_generates_the_job_script_it_declares() -> None:
 
 def test_address_and_local_cluster_options_are_exclusive() -> None:
     with pytest.raises(SpecError, match="'address' connects to an existing cluster: n_workers only apply"):
-        from conveyor.spec.models import parse_pipeline
+        from conveyor.spec.parse import parse_pipeline
         from conveyor.spec.yamlmap import LoadedYaml
 
         parse_pipeline(LoadedYaml(Path("spec.yaml"), {

@@ -75,6 +75,21 @@ def test_find_log_picks_the_last_run_that_ran_the_stage(tmp_path: Path) -> None:
         find_log(tmp_path, "trian")
 
 
+def test_the_logs_of_a_run_itself_are_not_listed_as_stages(tmp_path: Path) -> None:
+    """run.log (Prefect, Dask, ...) and prefect-server.log (a temporary server's) are no stage's."""
+    run = "20260101T000000-aaaaaa"
+    for name in ("train", "run", "prefect-server"):
+        path = log_path(tmp_path, run, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("lines\n")
+    with pytest.raises(UsageError) as caught:
+        find_log(tmp_path, "evaluate")
+    assert str(caught.value).endswith("it has not run yet (stages with logs: train)")
+    with pytest.raises(UsageError) as caught:
+        find_log(tmp_path, "evaluate", run)
+    assert str(caught.value) == f"stage 'evaluate' did not run in run {run} (it ran: train)"
+
+
 def test_metrics_are_the_numbers_of_the_declared_files(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text('{"test": {"auc": 0.9, "ok": true, "name": "x"}, "n": 3}')
     (tmp_path / "b.yaml").write_text("loss: 0.25\n")

@@ -14,7 +14,7 @@ import pytest
 
 from conveyor.run.commands import Command, run_here
 from conveyor.run.profiles import Profiles
-from conveyor.spec.models import DaskProfile
+from conveyor.spec.profiles import DaskProfile
 
 CPU = DaskProfile(kind="dask", n_workers=1, threads_per_worker=1, processes=True, memory_limit="1GiB")
 DASKS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")

@@ -22,7 +22,7 @@ import pytest
 
 from conveyor.errors import ProfileError, UsageError
 from conveyor.run.profiles import LOCAL, Profiles, deps_bytes, visible_gpus
-from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
+from conveyor.spec.profiles import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
 
 if TYPE_CHECKING:
     from conftest import ProjectDir

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,17 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
         subprocess.run(command, cwd=root, check=True, capture_output=True)
     return root
+
+
+@pytest.fixture
+def folder(repo: Path) -> Iterator[Path]:
+    """A folder of its own in the shared repository; its dvc.yaml set aside afterwards, since DVC
+    (and conveyor, as `dvc repro` does) reads every dvc.yaml of the repository, broken ones too."""
+    folder = repo / f"case-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    yield folder
+    if (folder / "dvc.yaml").exists():
+        (folder / "dvc.yaml").rename(folder / "dvc.yaml.done")
 
 
 @pytest.mark.parametrize(("dvc_yaml", "placement", "expected"), [
@@ -43,9 +55,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
      "placed.yaml:3 placement.train.onn: unknown key 'onn' (did you mean 'on'?)"),
 ])
 def test_a_dvc_yaml_conveyor_cannot_honour_is_an_error_naming_it(
-        repo: Path, dvc_yaml: str, placement: str | None, expected: str) -> None:
-    folder = repo / f"case-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
+        folder: Path, dvc_yaml: str, placement: str | None, expected: str) -> None:
     (folder / "dvc.yaml").write_text(dvc_yaml)
     spec = folder / "dvc.yaml"
     if placement is not None:
@@ -57,9 +67,7 @@ def test_a_dvc_yaml_conveyor_cannot_honour_is_an_error_naming_it(
     assert expected in str(info.value), str(info.value)
 
 
-def test_a_placement_spec_places_matrix_items_by_glob(repo: Path) -> None:
-    folder = repo / "placed"
-    folder.mkdir()
+def test_a_placement_spec_places_matrix_items_by_glob(folder: Path) -> None:
     (folder / "dvc.yaml").write_text("stages:\n  train:\n    matrix:\n      lr: [1, 2]\n"
                                      "    cmd: echo ${item.lr}\n  report:\n    cmd: echo done\n")
     (folder / "placed.yaml").write_text(
@@ -72,7 +80,7 @@ def test_a_placement_spec_places_matrix_items_by_glob(repo: Path) -> None:
     assert (stages["train@2"].on, stages["train@2"].timeout_s) == ("io", 5)  # later globs override
     assert (stages["report"].on, stages["report"].timeout_s) == (None, 60)
     assert project.expand(["train"]) == ["train@1", "train@2"]
-    assert stages["train@1"].wdir == "placed" and stages["train@1"].cmd == "echo 1"
+    assert stages["train@1"].wdir == folder.name and stages["train@1"].cmd == "echo 1"
 
 
 def test_a_dvc_project_outside_git_is_an_error_saying_what_to_do(tmp_path: Path) -> None:

@@ -80,6 +80,16 @@ def test_needs_of_a_group_means_every_item(project: ProjectDir) -> None:
     assert loaded.expand(["train"]) == ["train@0.1-2", "train@0.1-4", "train@0.3-2", "train@0.3-4"]
 
 
+def test_a_misspelt_need_of_a_group_names_the_group(project: ProjectDir) -> None:
+    """Every other unknown name has a did-you-mean; a need is matched against the matrix's name too,
+    not only against its items (``train@0.1-2`` is no close match for ``trian``)."""
+    spec = SPEC.replace("needs: [train, prepare]", "needs: [trian, prepare]")
+    with pytest.raises(SpecError) as caught:
+        _project(project, spec)
+    (issue,) = caught.value.issues
+    assert (issue.key, issue.message) == ("stages.stack.needs.0", "unknown stage 'trian' (did you mean 'train'?)")
+
+
 @pytest.mark.parametrize(("matrix", "key", "message"), [
     ("{}", "stages.train.matrix", "a matrix is a mapping of names to lists of values"),
     ("{eta: 0.1}", "stages.train.matrix.eta", "'eta' must list its values"),

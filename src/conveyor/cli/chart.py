@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from conveyor.cli.history import ITEM, Row, columns_of, fmt
+from conveyor.run.compare import ITEM, Row, columns_of, fmt
 
 COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")

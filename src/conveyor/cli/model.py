@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from conveyor.cli import signals
-from conveyor.cli.app import SpecOption, _project, app, err, out
+from conveyor.cli.common import SpecOption, app, err, out, project_of
 from conveyor.errors import UsageError
 
 
@@ -45,7 +45,7 @@ def predict(
     from conveyor.predict import batch
     from conveyor.run.profiles import Profiles
 
-    project = _project(config)
+    project = project_of(config)
     if not _is_size(blocksize):
         raise UsageError(f"--partition-size {blocksize}: write a size like 64MiB")
     profiles, name = batch.options_of(project, profile, workers, memory_limit)
@@ -63,7 +63,7 @@ def predict(
 
 
 def _is_size(text: str) -> bool:
-    from conveyor.spec.models import BYTES
+    from conveyor.spec.base import BYTES
 
     return bool(BYTES.match(text))
 
@@ -87,6 +87,6 @@ def serve_model(
     if not _is_size(max_body):
         raise UsageError(f"--max-body {max_body}: write a size like 16MiB")
     try:
-        serve(_project(config), model, host=host, port=port, max_rows=max_rows, max_body=max_body)
+        serve(project_of(config), model, host=host, port=port, max_rows=max_rows, max_body=max_body)
     except KeyboardInterrupt:  # uvicorn has shut down gracefully, then re-raised the signal
         signals.stopped(err, "the model service stopped")

@@ -12,12 +12,15 @@ import signal
 import stat
 import sys
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
 from conveyor.errors import Interrupted
 from conveyor.spec.project import Project
+
+if TYPE_CHECKING:
+    from conveyor.run.session import RunOptions
 
 STOPPED = "clusters, workers and commands were stopped; outs of unfinished stages are unchanged"
 _SIGNAL: list[str] = []  # the signal that stopped this command, once one has
@@ -100,10 +103,12 @@ def stopped(err: Console, what: str = STOPPED) -> NoReturn:
     os._exit(exit_code(name))
 
 
-def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardInterrupt) -> NoReturn:
+def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardInterrupt,
+                    options: RunOptions | None = None) -> NoReturn:
     """Ctrl-C, SIGTERM or SIGHUP during a run, once everything it started has stopped: what the run
-    did and what was stopped, then exit 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP)."""
-    from conveyor.cli.view import summary
+    did and what was stopped, and how to finish it (``options``: the run's); then exit 130 (SIGINT),
+    143 (SIGTERM) or 129 (SIGHUP)."""
+    from conveyor.cli.view import resume_interrupted, summary
     from conveyor.run.record import close_before_flow, record_path
 
     if isinstance(exc, Interrupted):
@@ -112,7 +117,7 @@ def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardIn
     record = close_before_flow(project, run_id, interrupted=True)  # if stopped while its server started
     if record is None:  # interrupted before the run wrote its record: it had decided nothing
         stopped(err, "before any stage started: nothing changed")
-    say(err, summary(record, project, f"conveyor run{project.spec_option}"))
+    say(err, summary(record, project, resume_interrupted(project, record, options)))
     names = record.interrupted
     what = f"stopped {', '.join(names)} (previous outs kept)" if names else "no stage was running"
     stopped(err, f"{what}; clusters, workers and commands were stopped; record: {project.rel(path)}")

@@ -1,105 +1,21 @@
-"""What a person sees during ``conveyor run``: a live line per stage, then a summary.
-
-On a terminal, a rich Live table redraws itself (waiting, running with elapsed time and
-the task's own progress, done, skipped, failed). Elsewhere (CI, pipes) each change is one
-plain line, so logs stay readable.
+"""What a person reads after ``conveyor run`` and from ``conveyor status``: the run's summary,
+the status table, the command that resumes a run. (The live view during a run is
+:mod:`conveyor.run.live`: deployment runs show it too, without the CLI.)
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Mapping
-from types import TracebackType
 
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from conveyor.run import capture
-from conveyor.run.context import StageProgress
+from conveyor.run.live import STYLE
 from conveyor.run.logs import logs_dir
 from conveyor.run.record import INPUTS_CHANGED, RunRecord, record_path
-from conveyor.run.schedule import Outcome
-from conveyor.run.session import UP_TO_DATE
+from conveyor.run.session import UP_TO_DATE, RunOptions
 from conveyor.spec.project import Project
-
-STYLE = {"waiting": "dim", "running": "cyan", "succeeded": "green", "skipped": "blue",
-         "failed": "bold red", "not_run": "yellow", "interrupted": "bold yellow"}
-ICON = {"waiting": "·", "running": "▶", "succeeded": "✔", "skipped": "↷", "failed": "✘",
-        "not_run": "-", "interrupted": "■"}
-
-
-class RunView:
-    """Receives stage events from the runner (any thread) and shows them."""
-
-    def __init__(self, stages: list[str], console: Console | None = None) -> None:
-        self.console = console or capture.console()
-        self.state: dict[str, str] = dict.fromkeys(stages, "waiting")
-        self.note: dict[str, str] = dict.fromkeys(stages, "")
-        self.profile: dict[str, str] = dict.fromkeys(stages, "")
-        self.began: dict[str, float] = {}
-        self.took: dict[str, float] = {}
-        self.progress: dict[str, StageProgress] = {}
-        self._lock = threading.Lock()
-        self._live: Live | None = None
-
-    def __enter__(self) -> RunView:
-        if self.console.is_terminal:
-            # under a capture, prints belong in the logs, not above the table
-            self._live = Live(self, console=self.console, refresh_per_second=4, transient=False,
-                              redirect_stdout=not capture.active(), redirect_stderr=not capture.active())
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._live is not None:
-            self._live.__exit__(exc_type, exc, tb)
-
-    def started(self, stage: str, profile: str, progress: StageProgress) -> None:
-        with self._lock:
-            self.state[stage], self.profile[stage] = "running", profile
-            self.began.setdefault(stage, time.monotonic())
-            self.progress[stage] = progress
-        self._plain(stage, f"running on {profile}")
-
-    def retrying(self, stage: str, attempt: int, error: str) -> None:
-        self._plain(stage, f"attempt {attempt} failed ({error}); retrying")
-
-    def warning(self, stage: str, line: str) -> None:
-        """What the user must know of a stage that is not its outcome: one line, live view or not."""
-        self.console.print(Text.assemble(("WARNING ", "bold yellow"), line), soft_wrap=True)  # no markup: paths
-
-    def finished(self, stage: str, outcome: Outcome, seconds: float, note: str = "") -> None:
-        with self._lock:
-            self.state[stage], self.note[stage], self.took[stage] = outcome.value, note, seconds
-        self._plain(stage, f"{outcome.value} in {seconds:.1f}s" + (f" ({note})" if note else ""))
-
-    def interrupted(self, stage: str, seconds: float) -> None:
-        """Ctrl-C or SIGTERM stopped ``stage`` (or it was abandoned, blocked in a C call)."""
-        with self._lock:
-            self.state[stage], self.note[stage], self.took[stage] = "interrupted", "", seconds
-        self._plain(stage, f"interrupted after {seconds:.1f}s")
-
-    def _plain(self, stage: str, text: str) -> None:
-        if self._live is None:
-            self.console.print(f"[{STYLE.get(self.state[stage], '')}]{stage}[/]: {text}", highlight=False)
-
-    def __rich__(self) -> RenderableType:
-        table = Table.grid(padding=(0, 2))
-        now = time.monotonic()
-        with self._lock:
-            for stage, state in self.state.items():
-                secs = self.took.get(stage, now - self.began[stage] if stage in self.began else 0.0)
-                detail = self.progress[stage].render() if state == "running" and stage in self.progress \
-                    else self.note[stage]
-                table.add_row(Text(f"{ICON[state]} {stage}", style=STYLE[state]), Text(state),
-                              Text(f"{secs:6.1f}s" if stage in self.began else ""),
-                              Text(self.profile[stage], style="dim"),
-                              Text(detail, style="dim", no_wrap=True, overflow="ellipsis"))
-        return table
 
 
 def summary(record: RunRecord, project: Project, resume: str | None = None) -> RenderableType:
@@ -187,8 +103,35 @@ def status_table(reasons: Mapping[str, list[str]], notes: Mapping[str, list[str]
     return table
 
 
-def resume_command(project: Project, run: RunRecord) -> str | None:
-    """The command that re-runs what failed and everything after it."""
+def resume_command(project: Project, run: RunRecord, options: RunOptions | None = None) -> str | None:
+    """The command that re-runs what failed and everything after it (forced, if the run was)."""
     if not run.failed:
         return None
-    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream"
+    return f"conveyor run{project.spec_option} {' '.join(run.failed)} --downstream{_carried(options)}"
+
+
+def resume_interrupted(project: Project, run: RunRecord, options: RunOptions | None = None) -> str:
+    """The command that finishes an interrupted run: the same selection, which skips what finished.
+
+    A forced run is the exception: run again with ``--force`` it would redo what finished, and
+    without it skip what did not (up to date before the run): so it names the stages that did not
+    finish, alone (``-s``) and forced.
+    """
+    base = f"conveyor run{project.spec_option}"
+    if options is None:
+        return base
+    unfinished = [name for name, st in run.stages.items() if st.status not in ("succeeded", "skipped")]
+    if options.force and unfinished and len(unfinished) < len(run.stages):
+        return f"{base} {' '.join(unfinished)} -s{_carried(options)}"
+    named = "".join(f" {name}" for name in options.stages)
+    selection = " --downstream" if options.downstream else " -s" if options.single else ""
+    return f"{base}{named}{selection}{_carried(options)}"
+
+
+def _carried(options: RunOptions | None) -> str:
+    """What a resumed run must repeat of the options: ``--force`` and ``--profile`` swaps
+    (``-S`` is in the params file already)."""
+    if options is None:
+        return ""
+    swaps = "".join(f" --profile {name}={target}" for name, target in options.profiles.items())
+    return swaps + (" --force" if options.force else "")

@@ -44,7 +44,9 @@ def as_started(stage: PipelineStage, started: Mapping[str, tuple[Any, Any]]) -> 
 
     changed: list[str] = []
     for dep in stage.deps:
-        if str(dep) not in started or started[str(dep)][0] == dep.hash_info:
+        # the value, not the whole hash: a dep new to dvc.lock is hashed md5-dos2unix as the stage
+        # starts (DVC's name for a dep it has no record of) and md5 once DVC saves it
+        if str(dep) not in started or getattr(started[str(dep)][0], "value", None) == dep.hash_info.value:
             continue
         hash_info, meta = started[str(dep)]
         if isinstance(dep, ParamsDependency):
@@ -80,7 +82,7 @@ def command_changes(stage: PipelineStage, recorded: Any) -> list[str] | None:
             return None
         for expr, a, b in zip(exprs, then.groups(), today.groups(), strict=True):
             changes += param_changes({expr: a}, {expr: b})
-    return changes or None
+    return list(dict.fromkeys(changes)) or None  # one line per param, however often the command uses it
 
 
 def _cmd_template(stage: PipelineStage) -> Any:

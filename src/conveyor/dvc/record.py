@@ -14,16 +14,17 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from conveyor.dvc.compile import compiled_from, drift, dvc_yaml
+from conveyor.dvc.compile import compiled_from, drift, dvc_yaml, render, write_dvc_yaml
 from conveyor.dvc.inputs import as_started, command_changes, started_inputs
-from conveyor.dvc.lockfile import LockWriter, pending_entries
+from conveyor.dvc.lockfile import LockWriter
 from conveyor.dvc.reasons import params_changed, reason, rel_to
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
+from conveyor.dvc.vouched import outs_match
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths
 from conveyor.spec.project import Project
@@ -32,7 +33,6 @@ from conveyor.workspace import alive
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
 
-    from conveyor.plan.fingerprint import Hasher
 
 
 class DvcRecord:
@@ -48,13 +48,16 @@ class DvcRecord:
     at once are recorded one at a time (DVC's repo object is not thread-safe).
     """
 
-    def __init__(self, project: Project) -> None:
+    def __init__(self, project: Project, *, question: bool = False) -> None:
+        """``question``: for ``status`` and ``run --dry-run``, which write nothing (not even a
+        dvc.yaml that is out of date: they read it as a run would compile it)."""
         from dvc.repo import Repo
         from dvc.scm import SCMError
 
         for name in ("dvc", "dvc_objects", "dvc_data"):  # DVC prints its records itself, as `dvc repro` does;
             logging.getLogger(name).propagate = False     # passed on to the root logger, each line came twice
         self.project = project
+        self.question = question
         self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
         self._loaded = project.dvc.loaded if project.dvc is not None else None  # as loading the project read them
         handed = self._loaded.take() if self._loaded is not None else None
@@ -71,6 +74,7 @@ class DvcRecord:
         self._code = {name: set(code_paths(project, name)) for name in project.order}
         self._stages: dict[str, PipelineStage] = {}
         self._locked: set[str] = set()
+        self._entries: dict[str, Any] = {}  # dvc.lock's entry of each stage, as the session read it or wrote it
         self._started: dict[str, dict[str, tuple[Any, Any]]] = {}  # a running stage's deps: (hash, meta) by path
         self._lock = LockWriter(self.file.with_suffix(".lock"), project.root, self.repo.scm_context.track_file)
 
@@ -102,9 +106,13 @@ class DvcRecord:
             raise RunLockedError(f"DVC is running in {self.project.root} ({'; '.join(busy)}): wait for it to "
                                  "finish, then run again")
         try:
-            with self._mutex:
-                self._lock.merge_pending(partial(_outs_match, self.project))  # before dvc.lock is read
-                self._load()
+            if self.question:
+                with self._mutex:
+                    self._load(as_compiled=self.project.dvc is None)
+            else:
+                with self._mutex:  # what a killed run recorded only in the pending log, before dvc.lock is read
+                    self._lock.merge_pending(partial(outs_match, self.project))
+                self.reload()
             yield self
         finally:
             with self._mutex:
@@ -114,19 +122,32 @@ class DvcRecord:
                     held.close()
                     self.repo.close()
 
+    def reload(self) -> None:
+        """Under the session: compile dvc.yaml again where it is conveyor's and no longer matches
+        the spec and its params (a sweep grown in params.yaml, a stage added to the spec), then
+        read DVC's stages from it; called again after ``-S`` wrote the params file."""
+        with self._mutex:
+            if self.project.dvc is None and drift(self.project) is not None:
+                write_dvc_yaml(self.project)
+            self._load()
+
     @contextmanager
     def unlocked(self) -> Iterator[DvcRecord]:
         """The record as it stands, without DVC's lock: for a question asked while someone holds the
-        lock (a run) or where no one can take it (a read-only checkout). Never for a run."""
+        lock (a run) or where no one can take it (a read-only checkout), or that writes nothing
+        (``status``, ``run --dry-run``). Never for a run. A dvc.yaml that no longer matches the
+        spec is read as a run would compile it again, and not written."""
         try:
             with self._mutex:
-                self._load()
+                self._load(as_compiled=self.project.dvc is None)
             yield self
         finally:
             with self._mutex:
                 self.repo.close()
 
-    def _load(self) -> None:
+    def _load(self, *, as_compiled: bool = False) -> None:
+        """DVC's stages and dvc.lock's entries; ``as_compiled``: the stages of the dvc.yaml the spec
+        compiles to now, whatever the file holds (for a question, which writes nothing)."""
         from dvc.dvcfile import load_file
 
         current = self._loaded.current() if self._loaded is not None else None  # under DVC's lock: still current?
@@ -135,8 +156,11 @@ class DvcRecord:
             self._stages, self._locked = dict(current[0]), set(current[1])
             return
         dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
+        if as_compiled and drift(self.project) is not None:  # DVC's own schema check, on the text not written
+            dvcfile.__dict__["contents"] = dvcfile.validate(yaml_text(render(self.project)), str(self.file))
         self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
-        self._locked = set(dvcfile.lockfile_contents.get("stages", {}))
+        self._entries = dict(dvcfile.lockfile_contents.get("stages", {}))
+        self._locked = set(self._entries)
 
     def _running_dvc(self) -> list[str]:
         """Live DVC commands holding path locks (``dvc repro`` releases its repository lock while
@@ -151,7 +175,7 @@ class DvcRecord:
                        if isinstance(h, dict) and alive(int(h.get("pid", 0)))})
 
     def _stage(self, name: str) -> PipelineStage:
-        if name not in self._stages:
+        if name not in self._stages:  # an item new in the params file after the dvc.yaml read (dry-run -S)
             raise UsageError(f"stage '{name}' is not in {self.project.rel(self.file)} as DVC reads it: "
                              "run `conveyor compile`, then run again")
         return self._stages[name]
@@ -166,22 +190,42 @@ class DvcRecord:
 
         with self._mutex:
             st = self._stage(stage)
-            if not self.recorded(stage):
+            if not self.recorded(stage) and not st.frozen:  # DVC asks a frozen stage only about its outs
                 return ["never run"]
             try:
                 status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
-            entries = status.get(st.addressing, [])
+            entries = [e for e in status.get(st.addressing, []) if not (st.frozen and e == "always changed")]
             paths = {str(item): item.fs_path for item in [*st.deps, *st.outs]}
             reasons = [r for entry in entries
                        for r in reason(entry, self._code[stage], partial(params_changed, st), self.project.root, paths)]
+            reasons += self._removed_deps(stage, st)
             if "changed command" in entries:  # only because a ${param} in it changed? say which
                 explained = command_changes(st, self._recorded_cmd(stage))
                 if explained is not None:
                     at = reasons.index("command changed")
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
             return reasons
+
+    def _removed_deps(self, stage: str, st: PipelineStage) -> list[str]:
+        """``dep removed: models/m-0.1.json`` for each data dep dvc.lock records and the stage no
+        longer has: a sweep shrunk under the stage that picks its best. DVC does not say it (its
+        status checks the deps the stage has); the stage's output still reflects the dropped one."""
+        recorded = self._entries.get(stage) or {}
+        now = {dep.def_path for dep in st.deps}
+        wdir = os.path.relpath(st.wdir, self.project.root) if st.wdir else ""
+        gone = [os.path.normpath(os.path.join(wdir, str(d.get("path")))) for d in recorded.get("deps", [])
+                if isinstance(d, Mapping) and d.get("path") not in now]
+        return [f"dep removed: {path}" for path in gone if path not in self._code[stage]]
+
+    def commit_sources(self, stages: Iterable[str], *, force: bool = False) -> list[str]:
+        """The ``.dvc`` files upstream of ``stages`` whose data changed, committed as ``dvc repro``
+        commits them before the first stage (:mod:`conveyor.dvc.sources`); returns those written."""
+        from conveyor.dvc.sources import commit_sources, sources_of
+
+        with self._mutex:
+            return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force)
 
     def _recorded_cmd(self, stage: str) -> Any:
         """The stage's command as dvc.lock records it."""
@@ -216,6 +260,8 @@ class DvcRecord:
 
         with self._mutex:
             st = self._stage(stage)
+            if self._removed_deps(stage, st):  # DVC would check dvc.lock's outs out: made with those deps
+                return False
             try:
                 cached = checkout_recorded(st)
             except RunCacheNotFoundError:
@@ -253,7 +299,9 @@ class DvcRecord:
         temporary file renamed over it, and the entry in the pending log until then."""
         from dvc.stage.serialize import to_lockfile
 
-        self._lock.update(st.name, to_lockfile(st)[st.name])
+        entry = to_lockfile(st)
+        self._entries.update(entry)
+        self._lock.update(st.name, entry[st.name])
 
 
 def _status(stage: PipelineStage) -> dict[str, list[Any]]:
@@ -266,11 +314,11 @@ def _status(stage: PipelineStage) -> dict[str, list[Any]]:
     return dict(unlocked(stage) if unlocked is not None else stage.status())
 
 
-def check_compiled(project: Project) -> None:
-    """Refuse to run a DVC pipeline whose dvc.yaml no longer matches its spec."""
-    if drift(project) is not None:
-        raise UsageError(f"dvc.yaml is out of date with {project.rel(project.spec_path)}: "
-                         "run `conveyor compile` (and commit it), then run again")
+def yaml_text(text: str) -> Any:
+    """The document of a YAML text, read as DVC reads dvc.yaml."""
+    from dvc.utils.serialize import parse_yaml
+
+    return parse_yaml(text, "dvc.yaml")
 
 
 def up_to_date_in_own_record(project: Project) -> list[str]:
@@ -299,63 +347,11 @@ def carry_into_dvc_lock(project: Project, stages: list[str]) -> list[str]:
     return fresh
 
 
-def recorded_in_place(project: Project) -> Callable[[str, Sequence[str]], bool]:
-    """Whether the outs ``paths`` of ``stage`` in the workspace are what the project's record holds
-    for it now: written and recorded by someone (``dvc repro``, another run) after a killed run
-    moved their previous versions into the journal, which must then not put those back.
-
-    Read from the file (dvc.lock, or conveyor's own record), not through DVC's repository: the
-    question comes from ``status`` and ``exec`` too, and ``exec`` runs under ``dvc repro``, which
-    holds that lock. Hashes as DVC writes them (conveyor's hasher gives DVC's for files and
-    directories)."""
-    import yaml
-
-    from conveyor.plan.fingerprint import Hasher, LockRecord
-
-    hasher = Hasher()
-    pending: dict[str, Any] = {}
-    if project.dvc is None and not compiled_from(project):
-        lock = LockRecord.for_project(project)
-    else:  # dvc.lock: the same reader (it reads YAML as well as conveyor's JSON)
-        lock = LockRecord((project.dvc.file if project.dvc is not None else dvc_yaml(project)).with_suffix(".lock"))
-        pending = pending_entries(project.root, lock.path)  # recorded, not yet written (conveyor.dvc.lockfile)
-
-    def check(stage: str, paths: Sequence[str]) -> bool:
-        try:
-            recorded = pending.get(stage) or lock.get(stage)
-        except (OSError, ValueError, yaml.YAMLError):  # unreadable: no one vouches, the journal puts back
-            return False
-        return _outs_match(project, stage, recorded, paths, hasher)
-
-    return check
-
-
-def _outs_match(project: Project, stage: str, recorded: Mapping[str, Any] | None, paths: Sequence[str] | None = None,
-                hasher: Hasher | None = None) -> bool:
-    """Whether the outs ``paths`` of ``stage`` in the workspace (default: every out ``recorded``
-    names) hash to what its lock entry ``recorded`` holds for them."""
-    from conveyor.plan.fingerprint import Hasher
-
-    spec = project.pipeline.stages.get(stage)
-    if recorded is None or spec is None:
-        return False
-    wdir = recorded.get("wdir") or (spec.wdir if project.dvc is not None else None) or ""
-    hashes = {os.path.normpath(os.path.join(wdir, str(o.get("path")))): o.get("md5")
-              for o in recorded.get("outs", []) if isinstance(o, Mapping)}
-    hasher = hasher or Hasher()
-    for path in paths if paths is not None else list(hashes):
-        now = hasher.entry(project.root, path)
-        if now is None or hashes.get(os.path.normpath(path)) != now.md5:
-            return False
-    return bool(paths if paths is not None else hashes)
-
-
-def open_record(project: Project) -> Record:
+def open_record(project: Project, *, question: bool = False) -> Record:
     """DVC's record for a dvc.yaml and for the spec dvc.yaml is compiled from (in a DVC repo),
-    else conveyor's own."""
+    else conveyor's own. ``question``: a record that writes nothing (:class:`DvcRecord`)."""
     if project.dvc is not None:
-        return DvcRecord(project)
-    if compiled_from(project):
-        check_compiled(project)
-        return DvcRecord(project)
+        return DvcRecord(project, question=question)
+    if compiled_from(project):  # compiled again under the run's locks where it no longer matches
+        return DvcRecord(project, question=question)
     return FingerprintRecord(project)

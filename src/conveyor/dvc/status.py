@@ -10,25 +10,62 @@ running now are in the outs journal, not missing, so they are not called missing
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any
 
 from conveyor.dvc.record import DvcRecord, open_record
 from conveyor.errors import RunLockedError, UnwritableError
-from conveyor.plan.fingerprint import Record, plan
+from conveyor.plan.fingerprint import Record, param_changes, plan
 from conveyor.run.journal import Journal
+from conveyor.spec.overrides import Override, reads
 from conveyor.spec.project import Project
 
 
-def stale(project: Project, selected: set[str], *, force: bool = False) -> dict[str, list[str]]:
-    """Why each selected stage would run; up-to-date stages map to ``[]``."""
-    record: Record = open_record(project)
+def stale(project: Project, selected: set[str], *, force: bool = False,
+          changes: Sequence[Override] = ()) -> dict[str, list[str]]:
+    """Why each selected stage would run; up-to-date stages map to ``[]``.
+
+    ``changes``: ``-S`` values not written (``run --dry-run -S``); ``project`` was read with
+    them, and the stages that read them are due as they would be once the file holds them.
+    """
+    record: Record = open_record(project, question=True)
     with ExitStack() as held:
         try:
             held.enter_context(record.session())
         except (RunLockedError, UnwritableError):  # a run holds DVC's lock, or the checkout is read-only
-            record = held.enter_context(DvcRecord(project).unlocked())
-        reasons = plan(project, selected, record, force=force)
+            record = held.enter_context(DvcRecord(project, question=True).unlocked())
+        reasons = plan(project, selected, _Overridden(record, project, changes) if changes else record, force=force)
     return _without_running_outs(reasons, Journal(project.root).running())
+
+
+class _Overridden:
+    """A record's answers as they would be with the ``-S`` values in the params file (DVC reads
+    params from the file, which a dry run leaves alone); only :meth:`reasons` is asked of it."""
+
+    def __init__(self, inner: Record, project: Project, changes: Sequence[Override]) -> None:
+        self.inner, self.project, self.changes = inner, project, changes
+
+    def reasons(self, stage: str) -> list[str]:
+        found = self.inner.reasons(stage)
+        mine = [r for c in self.changes if reads(self.project, stage, c) for r in param_changes(
+            {c.key: c.old}, {c.key: c.new})]
+        return found + [r for r in mine if r not in found and found != ["never run"]]
+
+    def session(self) -> AbstractContextManager[Any]:
+        return self.inner.session()
+
+    def reload(self) -> None:
+        self.inner.reload()
+
+    def prepare(self, stage: str) -> None:
+        raise NotImplementedError("a question runs nothing")
+
+    def restore(self, stage: str) -> bool:
+        raise NotImplementedError("a question runs nothing")
+
+    def save(self, stage: str) -> list[str]:
+        raise NotImplementedError("a question runs nothing")
 
 
 def _without_running_outs(reasons: dict[str, list[str]], running: dict[str, list[str]]) -> dict[str, list[str]]:

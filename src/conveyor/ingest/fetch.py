@@ -39,12 +39,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conveyor.errors import redact
+from conveyor.ingest.meter import Meter
 from conveyor.ingest.params import IngestParams, UrlSource
 from conveyor.ingest.parts import part_path, temporary, write_atomically
 from conveyor.ingest.retry import Cancelled, GaveUp, call_with_retries, describe
 from conveyor.ingest.rows import BadRow, BadRowError, quarantine_csv, read_csv
 from conveyor.ingest.sources import Announced, RemoteFile, data_start, download, expand_template, list_files, read_range
 from conveyor.ingest.synthetic import SyntheticSource, write_shard
+from conveyor.ingest.units import Block, Shard, Transfer, Unit
 from conveyor.run.context import StageProgress
 
 __all__ = ["Ingested", "SourceError", "expand_template", "fetch_sources"]
@@ -66,39 +68,6 @@ class SourceError(OSError):
 
     def __str__(self) -> str:
         return redact(f"cannot ingest source '{self.url}': {self.reason}")
-
-
-@dataclass(frozen=True)
-class Block:
-    """One newline-aligned byte range of one file: rows for one part."""
-
-    index: int
-    file: RemoteFile
-    offset: int
-    length: int
-    nbytes: int  # bytes of data lines it will hold, summed over a file: the file's data size
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One whole file, streamed, verified, then parsed into parts."""
-
-    index: int
-    file: RemoteFile
-    nbytes: int | None
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One shard of a synthetic source."""
-
-    index: int
-    source: SyntheticSource
-    shard: int
-    nbytes: int
-
-
-Unit = Block | Transfer | Shard
 
 
 @dataclass(frozen=True)
@@ -386,68 +355,6 @@ def run_all(pool: Executor, fns: Sequence[Callable[[], T | Future[T]]], cancel: 
 
 def _where(file: RemoteFile) -> str:
     return "" if file.location == file.url else f"{file.location}: "
-
-
-class Meter:
-    """Ingest progress on the stage's StageProgress: MB moved as completed/total, and in
-    the description the parts done (files, blocks or shards) and the rate."""
-
-    def __init__(self, progress: StageProgress) -> None:
-        self.progress = progress
-        self.bytes = 0
-        self.done = 0
-        self.parts = 0
-        self.noun = "parts"
-        self._sizes: dict[int, int | None] = {}  # each unit's bytes, None while unknown
-        self._started = time.monotonic()
-        self._lock = threading.Lock()
-
-    def planning(self, sources: int) -> None:
-        self.progress.start(None, unit="MB", description=f"listing {sources} source(s)")
-
-    def begin(self, units: Sequence[Unit]) -> None:
-        self._sizes = {unit.index: unit.nbytes for unit in units}
-        total = self._total()
-        nouns = {Block: "blocks", Transfer: "files", Shard: "shards"}
-        kinds = {nouns[type(unit)] for unit in units}
-        self.parts, self.noun = len(units), kinds.pop() if len(kinds) == 1 else "parts"
-        self._started = time.monotonic()
-        self.progress.start(total, unit="MB", description=self._describe())
-
-    def announce(self, unit: Unit, nbytes: int | None) -> None:
-        """A transfer listed without its size learnt it (the GET's answer): once every size is
-        known, the bar has its total."""
-        with self._lock:
-            if nbytes is None or self._sizes.get(unit.index, 0) is not None:
-                return
-            self._sizes[unit.index] = nbytes
-            total = self._total()
-            if total is not None:
-                self.progress.total = total
-
-    def _total(self) -> float | None:
-        """MB of all units, or None while any unit's size is unknown."""
-        sizes = list(self._sizes.values())
-        return sum(s for s in sizes if s is not None) / _MB if None not in sizes else None
-
-    def add_bytes(self, n: int) -> None:
-        with self._lock:
-            self.bytes += n
-            self.progress.advance(n / _MB)
-            self._show()
-
-    def unit_done(self) -> None:
-        with self._lock:
-            self.done += 1
-            self._show()
-
-    def _show(self) -> None:
-        # One reference assignment: the live view reads it whole, before or after.
-        self.progress.description = self._describe()
-
-    def _describe(self) -> str:
-        rate = self.bytes / _MB / max(time.monotonic() - self._started, 1e-9)
-        return f"{self.done}/{self.parts} {self.noun}, {rate:.1f} MB/s"
 
 
 @contextmanager

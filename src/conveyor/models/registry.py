@@ -24,9 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from conveyor.errors import RegistryError
+from conveyor.errors import RegistryError, did_you_mean
 from conveyor.run.metrics import numbers
-from conveyor.spec.models import did_you_mean
 from conveyor.workspace import replace_atomically
 
 if TYPE_CHECKING:

@@ -173,6 +173,10 @@ def stale_reasons(project: Project, stage: str, state: StageState,
             reasons.append(f"{what} missing: {path}")
         elif was.get(path) != now[path]:
             reasons.append(f"{what} changed: {path}")
+    # a data dep it no longer has (a sweep shrunk under the stage that picks its best); a task
+    # module its task stopped importing is no reason (code deps are Python sources)
+    declared = set(data_deps(project, stage)) | code
+    reasons += [f"dep removed: {path}" for path in was if path not in declared and not path.endswith(".py")]
     old_params: Mapping[str, Any] = next(iter(recorded.get("params", {}).values()), {})
     reasons += param_changes(old_params, dict(state.params))
     was_outs = {o["path"]: o.get("md5") for o in recorded.get("outs", [])}
@@ -288,6 +292,11 @@ class Record(Protocol):
         """Why ``stage`` must run again; empty when it is up to date."""
         ...
 
+    def reload(self) -> None:
+        """Under the session, after the run wrote its ``-S`` values into the params file: read
+        again what was read when the session began."""
+        ...
+
     def prepare(self, stage: str) -> None:
         """Just before ``stage`` runs: what it runs with is noted (its deps and params), and
         (DVC) a ``persist`` out linked from its cache becomes a copy."""
@@ -317,6 +326,9 @@ class FingerprintRecord:
 
     def session(self) -> AbstractContextManager[Any]:
         return nullcontext(self)
+
+    def reload(self) -> None:
+        """Nothing is kept between questions: each reads the files anew."""
 
     def reasons(self, stage: str) -> list[str]:
         state = current_state(self.project, stage, self.hasher)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError, UsageError, redact
 from conveyor.predict.model import ModelError, ModelVersion, Scorer, load_scorer, model_spec, resolve
-from conveyor.spec.models import DaskProfile, ModelSpec
+from conveyor.spec.models import ModelSpec
+from conveyor.spec.profiles import DaskProfile
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -325,7 +326,7 @@ def options_of(project: Project, profile: str | None, workers: int | None,
         return {SWARM: swarm(workers, memory_limit)}, SWARM
     profiles = project.pipeline.profiles
     if profile not in profiles:
-        from conveyor.spec.models import did_you_mean
+        from conveyor.errors import did_you_mean
 
         raise UsageError(f"--profile {profile}: unknown profile{did_you_mean(profile, profiles)} "
                          f"(profiles: {', '.join(profiles) or 'none'})")

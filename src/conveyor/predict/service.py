@@ -46,7 +46,7 @@ WATCH_EVERY_S = 1.0
 
 def size_of(text: str) -> int:
     """Bytes in a size like ``16MiB`` (the spec's memory sizes)."""
-    from conveyor.spec.models import size_in_bytes
+    from conveyor.spec.base import size_in_bytes
 
     try:
         return size_in_bytes(text)

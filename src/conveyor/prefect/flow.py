@@ -27,12 +27,12 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from conveyor.cli.history import artifact_rows
-from conveyor.cli.view import RunView
 from conveyor.errors import Interrupted, UsageError
 from conveyor.prefect.server import raise_if_gone
 from conveyor.run import capture
+from conveyor.run.compare import artifact_rows
 from conveyor.run.environment import History
+from conveyor.run.live import RunView
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, now

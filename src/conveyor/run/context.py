@@ -71,6 +71,45 @@ def _number(x: float) -> str:
 
 
 @dataclass(frozen=True)
+class MatrixItem:
+    """One item of a matrix stage that this stage ``needs``: its values, and where its outs
+    and metrics are, so a stage that picks the best of a sweep finds every model and score.
+
+    ``stage`` is the item's name as DVC and ``conveyor run`` give it (``train@0.1-6``);
+    ``values`` its matrix values (``{"eta": 0.1, "max_depth": 6}``, what the item's own
+    ``ctx.item`` was); ``outs`` and ``metrics`` map each declared path to its absolute path.
+    """
+
+    stage: str
+    values: Mapping[str, Any]
+    outs: Mapping[str, Path]
+    metrics: Mapping[str, Path]
+    names: Mapping[str, str] = field(default_factory=dict)  # name -> declared path
+
+    @property
+    def key(self) -> str:
+        """The item's name after the ``@`` (``0.1-6``): DVC's ``${key}``."""
+        return self.stage.partition("@")[2]
+
+    def out(self, name: str | None = None) -> Path:
+        """An out of the item: by name or declared path; no argument: its only out."""
+        return _pick(self.stage, self.outs, self.names, name, "outs")
+
+    def metric(self, name: str | None = None) -> Path:
+        """A metrics file of the item: by name or declared path; no argument: its only one."""
+        return _pick(self.stage, self.metrics, self.names, name, "metrics")
+
+    def scores(self) -> dict[str, float]:
+        """The numbers in the item's metrics files by dotted key (``test.rmse``), as ``compare``
+        shows them (keyed ``file:key`` when it has several files); empty when none is written."""
+        from conveyor.run.metrics import read_metrics
+
+        several = len(self.metrics) > 1
+        return {f"{rel}:{key}" if several else key: value
+                for rel, path in self.metrics.items() for key, value in read_metrics(path).items()}
+
+
+@dataclass(frozen=True)
 class StageContext:
     """Everything a task may use; the runner builds one per attempt.
 
@@ -80,6 +119,10 @@ class StageContext:
     script under ``dvc repro`` does. A task finds its paths by name (the spec's
     ``deps: {model: models/xgb.json}``), by the declared path, or, where a stage declares
     one of a kind, with no argument: ``ctx.dep()``, ``ctx.out()``, ``ctx.metric()``.
+
+    A stage that ``needs`` other stages reads their outs and metrics: they are among its
+    ``deps`` (as the compiled dvc.yaml lists them). The items of a matrix stage it needs are
+    also found per item: ``ctx.items("train")`` (:class:`MatrixItem`, in the matrix's order).
     """
 
     stage: str
@@ -91,6 +134,7 @@ class StageContext:
     log: logging.Logger
     names: Mapping[str, str] = field(default_factory=dict)  # name -> declared path, for deps, outs, metrics
     item: Any = None  # the matrix item of this stage, if it has one
+    needed: Mapping[str, Mapping[str, MatrixItem]] = field(default_factory=dict)  # matrix stage -> its items
     client: Client | None = None
     executor: Executor | None = None
     n_workers: int = 1
@@ -113,6 +157,14 @@ class StageContext:
         """The value of :meth:`section_key` (``ctx.section("train.xgb")``)."""
         return self.params[self.section_key(name)]
 
+    def items(self, stage: str) -> Mapping[str, MatrixItem]:
+        """The items of the matrix stage ``stage`` that this stage needs, by item name
+        (``train@0.1-6``), in the matrix's order: ``for it in ctx.items("train").values(): it.out()``."""
+        if stage in self.needed:
+            return self.needed[stage]
+        raise KeyError(f"stage '{self.stage}' needs no matrix stage '{stage}' (it needs: "
+                       f"{', '.join(self.needed) or 'none'}); add it to 'needs:' in the spec")
+
     def dep(self, name: str | None = None) -> Path:
         """A dep's path: by its name or declared path; with no argument, the stage's only dep."""
         return self._lookup(self.deps, name, "deps")
@@ -128,16 +180,22 @@ class StageContext:
         return self._lookup(self.metrics, name, "metrics")
 
     def _lookup(self, paths: Mapping[str, Path], name: str | None, kind: str) -> Path:
-        if name is None:
-            if len(paths) == 1:
-                return next(iter(paths.values()))
-            raise KeyError(f"stage '{self.stage}' declares {len(paths)} {kind}: name the one you mean "
-                           f"({self._listing(paths)})")
-        declared = self.names.get(name, name)
-        if declared in paths:
-            return paths[declared]
-        raise KeyError(f"stage '{self.stage}' has no {kind} entry '{name}' (declared: {self._listing(paths)})")
+        return _pick(self.stage, paths, self.names, name, kind)
 
-    def _listing(self, paths: Mapping[str, Path]) -> str:
-        named = {path: name for name, path in self.names.items()}
-        return ", ".join(f"{named[p]}: {p}" if p in named else p for p in paths) or "none"
+
+def _pick(stage: str, paths: Mapping[str, Path], names: Mapping[str, str], name: str | None, kind: str) -> Path:
+    """The path of ``name`` (a name or a declared path) among ``paths``; no name: the only one."""
+    if name is None:
+        if len(paths) == 1:
+            return next(iter(paths.values()))
+        raise KeyError(f"stage '{stage}' declares {len(paths)} {kind}: name the one you mean "
+                       f"({_listing(paths, names)})")
+    declared = names.get(name, name)
+    if declared in paths:
+        return paths[declared]
+    raise KeyError(f"stage '{stage}' has no {kind} entry '{name}' (declared: {_listing(paths, names)})")
+
+
+def _listing(paths: Mapping[str, Path], names: Mapping[str, str]) -> str:
+    named = {path: name for name, path in names.items()}
+    return ", ".join(f"{named[p]}: {p}" if p in named else p for p in paths) or "none"

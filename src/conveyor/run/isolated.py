@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -33,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
-from conveyor.run.context import StageContext, StageProgress
-from conveyor.workspace import state_dir
+from conveyor.run.context import MatrixItem, StageContext, StageProgress
+from conveyor.workspace import alive, state_dir
 
 if TYPE_CHECKING:
     from conveyor.run.commands import Sink
@@ -56,6 +58,7 @@ class Payload:
     metrics: Mapping[str, str]
     names: Mapping[str, str] = field(default_factory=dict)
     item: Any = None
+    needed: Mapping[str, Mapping[str, MatrixItem]] = field(default_factory=dict)  # ctx.items(): plain data, pickles
     threads: int = 0  # a threads profile's max_workers: the child's own executor; 0 for none
 
     def write(self, path: Path) -> None:
@@ -72,8 +75,9 @@ def run_isolated(payload: Payload, *, env: Mapping[str, str], timeout_s: float |
     from conveyor.run.commands import Command, CommandFailed, run_here  # the parent's: the child stays lean
 
     root, stage = Path(payload.root), payload.stage
-    state_dir(root).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="isolated-", dir=state_dir(root)) as tmp:
+    state = state_dir(root)
+    _remove_left_by_dead(state)
+    with tempfile.TemporaryDirectory(prefix=f"isolated-{os.getpid()}-", dir=state) as tmp:
         path = Path(tmp) / "payload.pickle"
         payload.write(path)
         command = Command(stage, (command_line(path),), cwd=str(root), env=env, timeout_s=timeout_s)
@@ -83,6 +87,15 @@ def run_isolated(payload: Payload, *, env: Mapping[str, str], timeout_s: float |
             if not summary:
                 raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
             raise StageError(stage, summary)
+
+
+def _remove_left_by_dead(state: Path) -> None:
+    """The payload folders of runners killed mid-stage (kill -9 skips the ``with`` that removes
+    them): the pid in the name says whose each was."""
+    for left in state.glob("isolated-*-*"):
+        pid = left.name.split("-")[1]
+        if pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def command_line(payload: Path) -> str:
@@ -149,6 +162,7 @@ def _context(payload: Payload, executor: ThreadPoolExecutor | None, progress: St
         stage=payload.stage, params=payload.params, root=Path(payload.root), log=logger,
         deps={k: Path(v) for k, v in payload.deps.items()}, outs={k: Path(v) for k, v in payload.outs.items()},
         metrics={k: Path(v) for k, v in payload.metrics.items()}, names=payload.names, item=payload.item,
+        needed=payload.needed,
         executor=executor, n_workers=payload.threads or 1, progress=progress,
     )
 

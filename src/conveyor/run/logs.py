@@ -25,6 +25,8 @@ from conveyor.workspace import STATE_DIR, state_dir
 # Stage loggers are children of Prefect's task-run logger: in a flow their records (and a
 # task's prints) reach Prefect's API, and one handler there sees them all.
 TASK_LOGGER = "prefect.task_runs"
+# logs of a run that are no stage's: Prefect, Dask and the rest (run.log), a temporary server's
+RUN_LOGS = frozenset({"run", "prefect-server"})
 
 
 class Redacting(logging.Filter):
@@ -71,15 +73,15 @@ def find_log(root: Path, stage: str, run_id: str | None = None) -> tuple[Path, s
         known = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
         if run_id not in known:
             raise UsageError(f"no run '{run_id}' in {folder} (runs: {', '.join(known[-5:]) or 'none yet'})")
-        ran = sorted(p.stem for p in (folder / run_id).glob("*.log") if p.stem != "run")
+        ran = sorted(p.stem for p in (folder / run_id).glob("*.log") if p.stem not in RUN_LOGS)
         raise UsageError(f"stage '{stage}' did not run in run {run_id} (it ran: {', '.join(ran) or 'nothing'})")
     runs = sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True) if folder.is_dir() else []
     for run in runs:  # run ids start with their UTC time: newest first
         path = run / f"{stage}.log"
         if path.is_file():
             return path, run.name
-    staged = sorted({p.stem for run in runs for p in run.glob("*.log") if p.stem != "run"})
-    from conveyor.spec.models import did_you_mean
+    staged = sorted({p.stem for run in runs for p in run.glob("*.log") if p.stem not in RUN_LOGS})
+    from conveyor.errors import did_you_mean
 
     hint = did_you_mean(stage, staged)
     raise UsageError(f"no log of stage '{stage}' in {folder}{hint}: it has not run yet "

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import ProfileError, UsageError
 from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
 from conveyor.run.record import IN_PROCESS
-from conveyor.spec.models import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile, size_in_bytes
+from conveyor.spec.base import size_in_bytes
+from conveyor.spec.profiles import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
 
 if TYPE_CHECKING:
     from distributed import Client

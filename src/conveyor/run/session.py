@@ -38,7 +38,11 @@ KILLED = "the last run ({run}) was killed while {stages} ran: recorded as interr
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What to run: a selection of stages (``dvc repro`` semantics), forced or not."""
+    """What to run: a selection of stages (``dvc repro`` semantics), forced or not.
+
+    ``force_downstream``: a stage whose upstream ran in this run runs too, changed or not
+    (``dvc repro --force-downstream``: an upstream that rewrote its outs with the same bytes
+    would otherwise leave it up to date)."""
 
     stages: tuple[str, ...] = ()
     downstream: bool = False
@@ -47,6 +51,7 @@ class RunOptions:
     forced: tuple[str, ...] = ()  # run these even when up to date (retraining re-ingests)
     single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # -S key=value, already in the params file
+    force_downstream: bool = False
 
     def selected(self, graph: dag.Graph) -> set[str]:
         return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
@@ -70,6 +75,9 @@ class ForcedRecord:
 
     def reasons(self, stage: str) -> list[str]:
         return ["forced"] if stage in self.forced else self.inner.reasons(stage)
+
+    def reload(self) -> None:
+        self.inner.reload()
 
     def prepare(self, stage: str) -> None:
         self.inner.prepare(stage)
@@ -109,6 +117,8 @@ class RunSession:
         """
         if self.options.force:
             return ["forced"]
+        if self.options.force_downstream and any(u in self.ran for u in self.project.graph[stage]):
+            return ["forced: its upstream ran (--force-downstream)"]
         planned = self.planned[stage]
         if planned is not None and not any(u in self.ran for u in self.project.graph[stage]):
             return planned
@@ -121,7 +131,7 @@ def recover_killed(project: Project, warn: Callable[[str], None], *, settle: boo
     kill, by ``dvc repro`` or that run itself) and, with ``settle`` (the caller holds the run
     lock), its record settled as interrupted. ``warn`` hears each; returns the stages whose
     outs were put back."""
-    from conveyor.dvc.record import recorded_in_place
+    from conveyor.dvc.vouched import recorded_in_place
 
     root = project.root
     recovered = Journal(root).recover(recorded_in_place(project))
@@ -168,11 +178,13 @@ def left_by_killed(project: Project) -> bool:
 
 
 @contextmanager
-def open_session(project: Project, options: RunOptions,
-                 warn: Callable[[str], None] = lambda _line: None) -> Iterator[RunSession]:
+def open_session(project: Project, options: RunOptions, warn: Callable[[str], None] = lambda _line: None,
+                 *, write: Callable[[], None] | None = None) -> Iterator[RunSession]:
     """Take the run lock and the record's session, recover killed outs, plan; nothing heavy.
 
-    ``warn`` hears each out put back from a killed run.
+    ``warn`` hears each out put back from a killed run. ``write``: what the run writes once it
+    holds its locks, before it plans (the ``-S`` values into the params file): a run refused
+    (another run, ``dvc repro``) has written nothing. ``project`` was read with those values.
     """
     from conveyor.dvc.record import open_record
 
@@ -181,7 +193,11 @@ def open_session(project: Project, options: RunOptions,
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)
     with run_lock(project.root), record.session():
+        if write is not None:
+            write()
+            record.reload()
         recovered = recover_killed(project, warn)
+        _settle_sources(project, record, options, selected)
         planned: dict[str, list[str] | None] = {}
         for stage in project.order:
             if stage not in selected:
@@ -193,6 +209,21 @@ def open_session(project: Project, options: RunOptions,
             else:
                 planned[stage] = record.reasons(stage)
         yield RunSession(project, options, record, selected, planned, recovered)
+
+
+def _settle_sources(project: Project, record: Record, options: RunOptions, selected: set[str]) -> None:
+    """What ``dvc repro`` settles before the first stage of a dvc.yaml: a dep that no stage writes
+    and is missing fails the run now (nothing has run); the ``dvc add``ed data the selected stages
+    read is committed where it changed (not with ``-s`` or ``--downstream``: ``dvc repro`` then
+    leaves the upstream ``.dvc`` files alone)."""
+    if project.dvc is None:
+        return
+    from conveyor.dvc.sources import check_unmade
+
+    check_unmade(project, [stage for stage in project.order if stage in selected])
+    commit = getattr(getattr(record, "inner", record), "commit_sources", None)  # a ForcedRecord wraps it
+    if commit is not None and not (options.single or options.downstream):
+        commit([stage for stage in project.order if stage in selected], force=options.force)
 
 
 def nothing_to_do(session: RunSession, run_id: str | None = None) -> RunRecord:

@@ -27,6 +27,7 @@ from conveyor.run.isolated import Payload, run_isolated
 from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
 from conveyor.run.nanny_env import user_environ
+from conveyor.run.needed import needed_items, stage_deps
 from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import INPUTS_CHANGED, RunRecord, now
 from conveyor.run.schedule import Outcome
@@ -233,9 +234,9 @@ class StageRunner:
         root, spec = self.project.root, self.project.pipeline.stages[stage]
         ctx = StageContext(
             stage=stage, params=self.project.stage_params(stage),
-            deps={d: root / d for d in spec.deps}, outs={o: root / o for o in spec.outs},
+            deps=stage_deps(self.project, stage), outs={o: root / o for o in spec.outs},
             metrics={m: root / m for m in spec.metrics}, names=spec.names, root=root, log=logger,
-            item=self.project.item_of(stage),
+            item=self.project.item_of(stage), needed=needed_items(self.project, stage),
             client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
             devices=resources.devices, progress=progress,
         )
@@ -278,9 +279,10 @@ class StageRunner:
                              f"Dask workers of profile '{resources.profile}': run it without 'on:'")
         payload = Payload(
             task=spec.task, stage=stage, root=str(root), params=dict(self.project.stage_params(stage)),
-            deps={d: str(root / d) for d in spec.deps}, outs={o: str(root / o) for o in spec.outs},
-            metrics={m: str(root / m) for m in spec.metrics}, names=dict(spec.names),
-            item=self.project.item_of(stage), threads=resources.n_workers if resources.executor is not None else 0,
+            deps={d: str(p) for d, p in stage_deps(self.project, stage).items()},
+            outs={o: str(root / o) for o in spec.outs}, metrics={m: str(root / m) for m in spec.metrics},
+            names=dict(spec.names), item=self.project.item_of(stage), needed=needed_items(self.project, stage),
+            threads=resources.n_workers if resources.executor is not None else 0,
         )
         run_isolated(payload, env=self._environ(stage), timeout_s=spec.timeout_s, progress=progress,
                      sink=self._sink(log))

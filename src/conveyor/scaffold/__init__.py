@@ -2,8 +2,9 @@
 
 The project is made from ``template/`` (a task stage, a cmd stage, params, a spec with a
 threads and a dask profile, Prefect flows and prefect.yaml, tests), named after its
-directory. Then git is initialised (unless the directory is inside a repository already),
-DVC too (``--subdir`` inside one), and dvc.yaml is compiled from the spec, so that
+directory, with the spec's JSON Schema beside it for editors (the spec's first line names
+it). Then git is initialised (unless the directory is inside a repository already), DVC
+too (``--subdir`` inside one), and dvc.yaml is compiled from the spec, so that
 ``conveyor run``, ``dvc repro`` and ``python -m pytest`` all work in it at once.
 
 It never replaces a file of the user's: DIR must be new or empty, and every file is
@@ -44,6 +45,7 @@ def init_project(target: Path) -> Path:
         raise UsageError("conveyor init needs git (DVC versions the project's data through it): install git")
     try:
         _copy_template(target, project_name(target.name))
+        _write_schema(target)
     except FileExistsError as exc:  # made there while init ran
         raise UsageError(f"{exc.filename} appeared while conveyor init ran: it never replaces a file "
                          "(pass another DIR)") from exc
@@ -64,6 +66,15 @@ def _copy_template(target: Path, name: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("x", encoding="utf-8") as fh:  # "x": never over a file that is there
             fh.write(source.read_text(encoding="utf-8").replace(PLACEHOLDER, name))
+
+
+def _write_schema(target: Path) -> None:
+    """The spec's JSON Schema, where the template spec's ``$schema`` line points: a file, so that
+    an editor checks the spec offline and against the installed conveyor's models."""
+    from conveyor.spec.schema import SCHEMA_FILE, schema_text
+
+    with (target / SCHEMA_FILE).open("x", encoding="utf-8") as fh:
+        fh.write(schema_text())
 
 
 def _git_toplevel(folder: Path) -> Path | None:

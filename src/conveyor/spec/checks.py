@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from conveyor.errors import SpecIssue
+from conveyor.errors import SpecIssue, did_you_mean
 from conveyor.plan import dag
 from conveyor.spec.interpolate import dotted_keys
-from conveyor.spec.models import Stage, did_you_mean
+from conveyor.spec.models import Stage
 from conveyor.spec.sources import package_problem, task_problem
 from conveyor.spec.yamlmap import Key, LoadedYaml
 
@@ -109,6 +109,11 @@ class _References:
         self.params_file, self.root, self.packages = params_file, root, packages
         self.issues: list[SpecIssue] = []
 
+    @property
+    def needable(self) -> list[str]:
+        """What ``needs`` may name: a stage, or a matrix by its name (``train``: every ``train@...``)."""
+        return list(dict.fromkeys([*(s.partition("@")[0] for s in self.stages), *self.stages]))
+
     def issue(self, key: Key, message: str) -> None:
         self.issues.append(SpecIssue(self.doc.path, self.doc.line(key), ".".join(map(str, key)), message))
 
@@ -119,7 +124,7 @@ class _References:
             self.issue(("stages", name, "on"), f"unknown profile '{on}'{hint}")
         for i, need in strings(body, "needs"):
             if need not in self.stages:
-                self.issue(("stages", name, "needs", i), f"unknown stage '{need}'{did_you_mean(need, self.stages)}")
+                self.issue(("stages", name, "needs", i), f"unknown stage '{need}'{did_you_mean(need, self.needable)}")
             elif need == name:
                 self.issue(("stages", name, "needs", i), "a stage cannot need itself")
         for i, param in strings(body, "params"):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +24,20 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
-from conveyor.errors import SpecError, SpecIssue
+from conveyor.errors import SpecError, SpecIssue, did_you_mean
+from conveyor.spec import dvcindex
 from conveyor.spec.checks import link_problem
+from conveyor.spec.dvcerrors import dvc_issues
 from conveyor.spec.dvcload import DvcLoaded, SchemaChecked, stamp
-from conveyor.spec.models import DvcPipeline, Pipeline, Stage, did_you_mean, parse_dvc_pipeline
+from conveyor.spec.models import DvcPipeline, Pipeline, Stage
+from conveyor.spec.parse import parse_dvc_pipeline
 from conveyor.spec.yamlmap import Key, LoadedYaml, YamlRefused, load_yaml, yaml_issue
 
 if TYPE_CHECKING:
     from dvc.dvcfile import ProjectFile
     from dvc.repo import Repo
     from dvc.stage import PipelineStage
+    from dvc.stage import Stage as DvcStage
 
     from conveyor.spec.project import Project
 
@@ -46,13 +49,17 @@ class DvcSource:
     ``shell``: how DVC runs a command (the user's ``$SHELL`` without its rc files, as
     ``dvc repro`` does); ``frozen``: stages whose command never runs (DVC only checks and
     records their outs); ``metrics``: per stage, the metrics files dvc.yaml declares that
-    the stage writes (its own ``metrics:`` and the top-level ones under its outs).
+    the stage writes (its own ``metrics:`` and the top-level ones under its outs);
+    ``sources`` and ``unmade``: per stage, the ``.dvc`` files it reads and the deps no stage
+    of the repository writes (:class:`conveyor.spec.dvcindex.Upstream`).
     """
 
     file: Path
     shell: tuple[str, ...]
     frozen: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] | None = None
+    sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    unmade: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     loaded: DvcLoaded | None = field(default=None, compare=False, repr=False)
 
 
@@ -76,7 +83,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     refused = _refused_inputs(dvc_file, written) + _empty_groups(written)
     if refused:
         raise SpecError(refused)
-    root, loaded, stages = _dvc_stages(dvc_file, written)
+    root, loaded, stages, others = _dvc_stages(dvc_file, written)
     issues: list[SpecIssue] = []
     converted: dict[str, Stage] = {}
     for name, stage in stages.items():
@@ -93,13 +100,15 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
         issues += placed_issues + _model_issues(spec, converted, placement, dvc_file)
     if issues:
         raise SpecError(sorted(issues, key=lambda i: (str(i.file), i.line or 0)))
-    graph = _graph(dvc_file, written, stages)
+    graph = dvcindex.graph(dvc_file, written, stages, others)
+    outside = dvcindex.upstream(root, stages, others)
     pipeline = Pipeline(pipeline=spec.pipeline or root.name, profiles=spec.profiles, stages=converted,
                         model=spec.model)
     params_path = root / "params.yaml"
     params = _params(params_path)
     source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
-                       metrics=_metrics(written, root, converted), loaded=loaded)
+                       metrics=_metrics(written, root, converted), sources=outside.sources,
+                       unmade=outside.unmade, loaded=loaded)
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
 
@@ -188,9 +197,11 @@ def _vars_files(base: Path, body: Mapping[str, Any]) -> list[Path]:
         if isinstance(listed, list) else []
 
 
-def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, DvcLoaded, dict[str, PipelineStage]]:
-    """DVC's stages of ``dvc_file`` by name, the root of the DVC repository holding it, and that
-    repository and file, open, for the run's record."""
+def _dvc_stages(dvc_file: Path, written: LoadedYaml
+                ) -> tuple[Path, DvcLoaded, dict[str, PipelineStage], list[DvcStage]]:
+    """DVC's stages of ``dvc_file`` by name, the root of the DVC repository holding it, that
+    repository and file, open, for the run's record, and the stages of the repository's other
+    DVC files (``.dvc`` files, other dvc.yaml)."""
     from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
     from dvc.scm import SCMError
@@ -209,10 +220,12 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml) -> tuple[Path, DvcLoaded, d
     try:
         loaded, stages = _stages_of(repo, dvc_file, written)
         locked = frozenset(loaded.lockfile_contents.get("stages", {}))
+        others = dvcindex.other_stages(repo, dvc_file)
     except BaseException:
         repo.close()
         raise
-    return Path(repo.root_dir), DvcLoaded(repo, stages, locked, lock, lock_stamp), stages
+    return Path(repo.root_dir), DvcLoaded(repo, stages, locked, lock, lock_stamp), stages, others
+
 
 
 def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[ProjectFile, dict[str, PipelineStage]]:
@@ -227,7 +240,7 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
             loaded.SCHEMA = None  # these very bytes passed DVC's schema check (it only checks: nothing changes)
         stages = {stage.name: stage for stage in loaded.stages.values()}
     except DvcException as exc:
-        raise SpecError(_dvc_issues(dvc_file, written, exc)) from None
+        raise SpecError(dvc_issues(dvc_file, written, exc)) from None
     except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as exc:  # what DVC's schema let through
         said = str(exc).rstrip(".") or type(exc).__name__
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages",
@@ -236,35 +249,6 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", "no stages to run")])
     checked.remember()
     return loaded, stages
-
-
-_RESOLVE = re.compile(r"failed to parse '([^']*)' in '[^']*':\s*(.*)", re.DOTALL)
-
-
-def _dvc_issues(dvc_file: Path, written: LoadedYaml, exc: Exception) -> list[SpecIssue]:
-    """DVC's error about ``dvc_file`` as conveyor issues: file, line, key, what DVC said."""
-    cause = getattr(exc, "exc", None)
-    errors = getattr(cause, "errors", None)
-    if errors:  # schema: voluptuous errors, each with its key path
-        issues = []
-        for error in errors:
-            key = tuple(error.path)
-            what = "unknown key" if error.msg == "extra keys not allowed" else error.msg
-            hint = f" '{key[-1]}'" if what == "unknown key" and key else ""
-            issues.append(SpecIssue(dvc_file, written.line(key), ".".join(map(str, key)),
-                                    f"{what}{hint} (DVC's schema of dvc.yaml)"))
-        return issues
-    syntax = exc.__cause__  # YAML syntax: DVC's error wraps ruamel's, which has the line
-    mark = getattr(syntax, "problem_mark", None)
-    if mark is not None:
-        problem = getattr(syntax, "problem", None) or "not valid YAML"
-        return [SpecIssue(dvc_file, mark.line + 1, "", f"not valid YAML: {problem}")]
-    text = str(exc).strip()
-    found = _RESOLVE.match(text)
-    if found:  # interpolation: "failed to parse 'stages.a.cmd' in 'dvc.yaml': Could not find 'x'"
-        key = tuple(found.group(1).split("."))
-        return [SpecIssue(dvc_file, written.line(key), found.group(1), found.group(2).strip())]
-    return [SpecIssue(dvc_file, None, "", text)]
 
 
 def _key(stage: str, where: str) -> tuple[str, ...]:
@@ -351,26 +335,6 @@ def _placed(stages: dict[str, Stage], spec: DvcPipeline, doc: LoadedYaml) -> tup
         for name in matched:
             settings[name].update(placement.model_dump(exclude_none=True))
     return {name: stage.model_copy(update=settings[name]) for name, stage in stages.items()}, issues
-
-
-def _graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, PipelineStage]) -> dict[str, frozenset[str]]:
-    """DVC's own graph of the stages (an edge where an out is, holds or lies in a dep)."""
-    from dvc.exceptions import DvcException
-    from dvc.repo.graph import build_graph
-
-    try:
-        # Last stage first: DVC's cycle check (networkx's find_cycle) walks down from each node in
-        # the order given, through nodes it has seen before too, so in dvc.yaml's order (what a
-        # stage reads is usually written above it) a chain of N stages cost N^2/2 steps.
-        graph = build_graph(list(stages.values())[::-1])
-    except DvcException as exc:  # overlapping outs, a cycle, an out that is also a dep
-        raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", " ".join(str(exc).split()))]
-                        ) from None
-    upstream: dict[str, set[str]] = {name: set() for name in stages}
-    for dependent, dependency in graph.edges:
-        if dependent.name in upstream and dependency.name in upstream:
-            upstream[dependent.name].add(dependency.name)
-    return {name: frozenset(ups) for name, ups in upstream.items()}
 
 
 def _metrics(written: LoadedYaml, root: Path, converted: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:

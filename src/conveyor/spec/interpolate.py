@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from conveyor.spec.models import did_you_mean
+from conveyor.errors import did_you_mean
 
 PLACEHOLDER = re.compile(r"(\\)?\$\{([^}]*)\}")
 FIELDS = ("cmd", "wdir", "deps", "outs", "metrics")

@@ -1,167 +1,32 @@
 """The pipeline spec of SPEC.md section 2, as frozen pydantic models.
 
-Pure data: parsing and structural validation only. Cross-references (profiles, needs,
-params keys, tasks, paths) are checked in :mod:`conveyor.spec.project`, the graph in
-:mod:`conveyor.plan.dag`. Nothing here imports Prefect, Dask or DVC.
+Pure data: structural validation only. The profiles are in :mod:`conveyor.spec.profiles`, the
+reading of a loaded YAML into these models (every problem at once, with file:line) in
+:mod:`conveyor.spec.parse`. Cross-references (profiles, needs, params keys, tasks, paths) are
+checked in :mod:`conveyor.spec.project`, the graph in :mod:`conveyor.plan.dag`. Nothing here
+imports Prefect, Dask or DVC.
 """
 
 from __future__ import annotations
 
-import difflib
 import posixpath
 import re
-import reprlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
-    PositiveInt,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from conveyor.errors import SpecError, SpecIssue
-from conveyor.spec.yamlmap import LoadedYaml
+from conveyor.spec.base import Model
+from conveyor.spec.profiles import Profile
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TASK_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _check_bytes(value: str | None) -> str | None:
-    if value is not None and value != "auto" and not BYTES.match(value):
-        raise ValueError(f"'{value}' is not a size: write it like 4GiB, 512MB or auto")
-    return value
-
-
-def _check_size(value: str | None) -> str | None:
-    if value is not None and not BYTES.match(value):
-        raise ValueError(f"'{value}' is not a size: write it like 64MiB or 500KB")
-    return value
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def size_in_bytes(text: str) -> int:
-    """``64MiB`` -> 67108864, as Dask reads sizes (``MB`` is 10**6, ``MiB`` 2**20)."""
-    match = BYTES.match(text)
-    if match is None:
-        raise ValueError(f"'{text}' is not a size")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
-
-
-class ThreadsProfile(Model):
-    """A thread pool in the runner's process: I/O-bound stages (ingest)."""
-
-    kind: Literal["threads"]
-    max_workers: PositiveInt = 8
-
-
-class TlsFiles(Model):
-    """TLS files for a scheduler that requires encryption (``tls://`` addresses)."""
-
-    ca_file: str
-    cert: str
-    key: str | None = None
-
-
-class DaskProfile(Model):
-    """A Dask LocalCluster started for the run, or an existing scheduler (``address``)."""
-
-    kind: Literal["dask"]
-    address: str | None = None
-    security: TlsFiles | None = None
-    n_workers: PositiveInt | None = None
-    threads_per_worker: PositiveInt | None = None
-    memory_limit: str | None = None
-    local_directory: str | None = None
-    processes: bool = True
-    # a stage whose deps hold fewer bytes runs in the runner's process, no cluster started for it
-    in_process_below: str | None = None
-    # environment of the workers, set before each starts (what glibc's malloc and OpenMP read), over
-    # Dask's distributed.nanny.pre-spawn-environ; null removes one of Dask's
-    worker_env: dict[str, str | int | None] | None = None
-    # a running stage fails once its scheduler has had no worker this long (all of them killed,
-    # or none ever came); null: wait for workers as long as it takes
-    no_workers_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = 60.0
-
-    _bytes = field_validator("memory_limit")(_check_bytes)
-    _size = field_validator("in_process_below")(_check_size)
-
-    @field_validator("worker_env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str | int | None] | None) -> dict[str, str | int | None] | None:
-        bad = [name for name in value or {} if not ENV_NAME.match(name)]
-        if bad:
-            raise ValueError(f"{', '.join(map(repr, bad))}: not an environment variable name (letters, digits, _)")
-        return value
-
-    @model_validator(mode="after")
-    def _one_kind_of_cluster(self) -> DaskProfile:
-        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit", "local_directory", "worker_env")
-                 if getattr(self, k) is not None]
-        if self.address is not None and local:
-            raise ValueError(f"'address' connects to an existing cluster: {', '.join(local)} only apply to "
-                             "a LocalCluster started by conveyor; remove one or the other")
-        if self.security is not None and self.address is None:
-            raise ValueError("'security' applies to an existing cluster: set 'address' too")
-        return self
-
-
-class DaskCudaProfile(Model):
-    """A dask-cuda LocalCUDACluster: one worker per visible GPU.
-
-    ``fallback`` says what happens on a machine with no GPU: ``error`` stops the run before
-    any stage starts; any other value names the profile to use instead (``cpu`` with no
-    profile of that name means a default CPU Dask LocalCluster).
-    """
-
-    kind: Literal["dask-cuda"]
-    devices: tuple[int, ...] | None = None
-    rmm_pool_size: str | None = None
-    protocol: Literal["tcp", "ucx", "ucxx"] | None = None
-    memory_limit: str | None = None
-    fallback: str = "error"
-
-    _bytes = field_validator("memory_limit", "rmm_pool_size")(_check_bytes)
-
-
-class SlurmProfile(Model):
-    """A dask-jobqueue SLURMCluster: Dask workers as Slurm jobs."""
-
-    kind: Literal["slurm"]
-    queue: str | None = None
-    account: str | None = None
-    interface: str | None = None
-    cores: PositiveInt = 1
-    memory: str = "4GiB"
-    walltime: str = "01:00:00"
-    jobs: PositiveInt = 1
-    processes: PositiveInt | None = None
-    job_extra: tuple[str, ...] = ()
-    in_process_below: str | None = None  # as a dask profile's: small stages submit no job
-
-    _bytes = field_validator("memory")(_check_bytes)
-    _size = field_validator("in_process_below")(_check_size)
-
-
-Profile = Annotated[
-    ThreadsProfile | DaskProfile | DaskCudaProfile | SlurmProfile, Field(discriminator="kind")
-]
-PROFILE_KINDS = ("threads", "dask", "dask-cuda", "slurm")
 
 
 def _normalised(path: str) -> str:
@@ -402,113 +267,3 @@ class DvcPipeline(Model):
     model: ModelSpec | None = None  # what predict and serve-model score with (SPEC.md §2.4)
 
 
-def parse_dvc_pipeline(doc: LoadedYaml) -> DvcPipeline:
-    """Validate a placement spec (``dvc: dvc.yaml``); every problem is reported at once."""
-    try:
-        return DvcPipeline.model_validate(doc.data)
-    except ValidationError as exc:
-        issues = [_issue(doc, dict(err)) for err in exc.errors()]
-        raise SpecError(sorted(issues, key=lambda i: i.line or 0)) from None
-
-
-# a file name holds 255 bytes (NAME_MAX): a stage's journal entry is `.NAME-xxxxxxxx.done` while it is dropped
-MAX_NAME = 255 - len(".-xxxxxxxx.done")
-
-
-def parse_pipeline(doc: LoadedYaml, items: Iterable[str] = ()) -> Pipeline:
-    """Validate the structure of a loaded spec; every problem is reported at once.
-
-    ``items``: stage names a matrix made (``train@0.1-6``), whose group name is checked instead.
-    """
-    if not isinstance(doc.data, dict):
-        raise SpecError([SpecIssue(doc.path, 1, "", "a spec is a mapping with 'pipeline' and 'stages'")])
-    stages = doc.data.get("stages")
-    made = frozenset(items)
-    issues = [
-        SpecIssue(doc.path, doc.line(("stages", name)), f"stages.{name}",
-                  "a stage name starts with a letter and holds only letters, digits, _ and -")
-        for name in (stages if isinstance(stages, dict) else {})
-        if not NAME.match(str(name).partition("@")[0] if name in made else str(name))
-    ]
-    issues += [
-        SpecIssue(doc.path, doc.line(("stages", name)) or doc.line(("stages", str(name).partition("@")[0])),
-                  f"stages.{name}", f"a stage name of {len(str(name).encode())} bytes is too long: a run names "
-                  f"the stage's log file and journal entry after it, which leaves at most {MAX_NAME} bytes"
-                  + ("; shorten the matrix's values or its name" if name in made else ""))
-        for name in (stages if isinstance(stages, dict) else {}) if len(str(name).encode()) > MAX_NAME
-    ]
-    try:
-        pipeline = Pipeline.model_validate(doc.data)
-    except ValidationError as exc:
-        issues += [_issue(doc, dict(err)) for err in exc.errors()]
-        raise SpecError(sorted(issues, key=lambda i: i.line or 0)) from None
-    if issues:
-        raise SpecError(issues)
-    return pipeline
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` when a close match exists, else an empty string."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _issue(doc: LoadedYaml, err: dict[str, Any]) -> SpecIssue:
-    loc = _clean_loc(err["loc"], doc.data)
-    key = ".".join(str(p) for p in loc)
-    line = doc.line(loc)
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1], doc.data)
-        hint = did_you_mean(str(loc[-1]), allowed)
-        listing = f"; allowed: {', '.join(sorted(allowed))}" if not hint else ""
-        return SpecIssue(doc.path, line, key, f"unknown key '{loc[-1]}'{hint}{listing}")
-    if kind == "union_tag_invalid":
-        tag = str(err.get("ctx", {}).get("tag", ""))
-        hint = did_you_mean(tag, PROFILE_KINDS)
-        return SpecIssue(doc.path, doc.line((*loc, "kind")), f"{key}.kind",
-                         f"unknown profile kind '{tag}'{hint}; kinds: {', '.join(PROFILE_KINDS)}")
-    if kind == "union_tag_not_found":
-        return SpecIssue(doc.path, line, key, f"a profile needs 'kind' ({', '.join(PROFILE_KINDS)})")
-    if kind == "missing":
-        return SpecIssue(doc.path, line, key, "is required")
-    if kind == "value_error":
-        return SpecIssue(doc.path, line, key, str(err["msg"]).removeprefix("Value error, "))
-    return SpecIssue(doc.path, line, key, f"{err['msg']} (got {_PREVIEW.repr(err.get('input'))})")
-
-
-# What a message shows of a wrong value: all of a small one, the start of a big one (a list of
-# 50,000 items, a string of a megabyte) so that each problem stays one readable line.
-_PREVIEW = reprlib.Repr()
-_PREVIEW.maxstring = _PREVIEW.maxother = 80
-_PREVIEW.maxlist = _PREVIEW.maxtuple = _PREVIEW.maxset = 8
-_PREVIEW.maxdict = 4
-
-
-def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[str | int, ...]:
-    """Drop pydantic's union-tag segment (``profiles.cpu.dask.x`` → ``profiles.cpu.x``)."""
-    parts = list(loc)
-    if len(parts) > 2 and parts[0] == "profiles" and parts[2] in PROFILE_KINDS:
-        del parts[2]
-    return tuple(parts)
-
-
-def _allowed_keys(parent: tuple[str | int, ...], data: Any) -> list[str]:
-    if not parent:
-        return list(DvcPipeline.model_fields if "dvc" in data else Pipeline.model_fields)
-    if parent[0] == "placement" and len(parent) == 2:
-        return list(Placement.model_fields)
-    if parent == ("model",):
-        return list(ModelSpec.model_fields)
-    if parent[0] == "stages" and len(parent) == 2:
-        written = [field.alias or name for name, field in Stage.model_fields.items()]
-        return written if "@" in str(parent[1]) else [*written, "matrix"]  # an item's matrix is spent
-    if parent[0] == "stages" and len(parent) == 4 and parent[2] in ("outs", "metrics"):
-        return ["persist"]
-    if parent[0] == "profiles" and len(parent) == 2:
-        kind = (data.get("profiles") or {}).get(parent[1], {}).get("kind")
-        models: dict[str, type[Model]] = {"threads": ThreadsProfile, "dask": DaskProfile,
-                                          "dask-cuda": DaskCudaProfile, "slurm": SlurmProfile}
-        model = models.get(str(kind))
-        return list(model.model_fields) if model else []
-    return []

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from conveyor.errors import UsageError
+from conveyor.errors import UsageError, did_you_mean
 from conveyor.spec.interpolate import dotted_keys, lookup
-from conveyor.spec.models import did_you_mean
 from conveyor.spec.yamlmap import load_yaml
 from conveyor.workspace import replace_atomically
 
@@ -120,13 +119,19 @@ def _typed(text: str, old: Any, shown: str, file: str) -> Any:
     return value  # a null in the file: any value
 
 
-def write_overrides(overrides: Sequence[Override]) -> None:
-    """Set each value in its file, keeping the file's comments and layout; each file is replaced atomically."""
-    from ruamel.yaml import YAML  # DVC's dependency, as DVC edits params files with it
+def rendered(overrides: Sequence[Override]) -> dict[Path, str]:
+    """The text each params file gets with its ``-S`` values set; nothing is written.
+
+    Round-tripped through ruamel.yaml (DVC's dependency, as ``dvc exp run -S`` edits params
+    files with it): comments and layout stay, and a value written ``[0.1, 10.0]`` stays a
+    flow list rather than becoming a block one.
+    """
+    from ruamel.yaml import YAML
 
     by_file: dict[Path, list[Override]] = {}
     for override in overrides:
         by_file.setdefault(override.path, []).append(override)
+    texts: dict[Path, str] = {}
     for path, changes in by_file.items():
         rt = YAML()
         rt.preserve_quotes = True
@@ -136,10 +141,38 @@ def write_overrides(overrides: Sequence[Override]) -> None:
             node = document
             for part in parents:
                 node = node[part]
-            node[last] = change.new
+            node[last] = _styled(node[last], change.new)
         text = io.StringIO()
         rt.dump(document, text)
-        replace_atomically(path, text.getvalue())
+        texts[path] = text.getvalue()
+    return texts
+
+
+def _styled(old: Any, new: Any) -> Any:
+    """``new`` as a ruamel node written in the style of ``old`` (a flow list stays a flow list)."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    node: CommentedSeq | CommentedMap
+    if isinstance(new, list) and isinstance(old, CommentedSeq):
+        node = CommentedSeq(new)
+    elif isinstance(new, dict) and isinstance(old, CommentedMap):
+        node = CommentedMap(new)
+    else:
+        return new
+    if old.fa.flow_style():
+        node.fa.set_flow_style()
+    return node
+
+
+def write_rendered(texts: Mapping[Path, str]) -> None:
+    """Write what :func:`rendered` made, each file replaced atomically."""
+    for path, text in texts.items():
+        replace_atomically(path, text)
+
+
+def write_overrides(overrides: Sequence[Override]) -> None:
+    """Set each value in its file, keeping the file's comments and layout."""
+    write_rendered(rendered(overrides))
 
 
 def describe(override: Override, root: Path) -> str:

@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
-from conveyor.errors import SpecError, SpecIssue, UsageError
+from conveyor.errors import SpecError, SpecIssue, UsageError, did_you_mean
 from conveyor.plan import dag
 from conveyor.spec.checks import check_graph, check_references, link_problem, path_problem, stages_of, valid_stages
 from conveyor.spec.dvcyaml import DvcSource, is_placement, load_dvc_project
 from conveyor.spec.interpolate import interpolate_stage, lookup
 from conveyor.spec.matrix import Expanded, expand, group_key, of_item
-from conveyor.spec.models import Pipeline, did_you_mean, parse_pipeline
+from conveyor.spec.models import Pipeline
+from conveyor.spec.parse import parse_pipeline
 from conveyor.spec.sources import local_sources
 from conveyor.spec.yamlmap import LoadedYaml, load_yaml, yaml_issue
 
@@ -154,10 +155,12 @@ def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
     return path.resolve()
 
 
-def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
+def load_project(spec_path: Path, cwd: Path | None = None, *, params_text: str | None = None) -> Project:
     """Load and check ``spec_path``; raises SpecError with every problem found.
 
     The project is the one the spec lives in, else the one of ``cwd`` (a spec kept elsewhere).
+    ``params_text``: what the params file would hold (``-S`` values set), read instead of the
+    file, so a project is checked, planned and expanded with them before anything is written.
     """
     spec_path = spec_path.resolve()
     if spec_path.name == DVC_FILE:
@@ -180,7 +183,7 @@ def load_project(spec_path: Path, cwd: Path | None = None) -> Project:
                                        f"{target} not found next to the spec or at the project root ({root})")])
         return load_dvc_project(dvc_file.resolve(), written)
     raw = written.data if isinstance(written.data, dict) else {}
-    params_path, params, issues = _params_of(root, written, raw)
+    params_path, params, issues = _params_of(root, written, raw, params_text)
     matrix = expand(written, params)
     issues += matrix.issues
     doc, interpolation_issues = _interpolated(matrix.doc, params, matrix.items)
@@ -226,25 +229,30 @@ def _interpolated(doc: LoadedYaml, params: Mapping[str, Any],
     return LoadedYaml(doc.path, data, doc.lines, doc.duplicates), issues
 
 
-def _load(path: Path) -> LoadedYaml:
+def _load(path: Path, text: str | None = None) -> LoadedYaml:
     try:
-        return load_yaml(path)
+        return load_yaml(path, text)
     except yaml.YAMLError as exc:
         raise SpecError([yaml_issue(path, exc)]) from None
 
 
-def _params_of(root: Path, doc: LoadedYaml, raw: Mapping[str, Any]) -> tuple[Path, dict[str, Any], list[SpecIssue]]:
-    """The spec's params file, its data, and the problems found; a path leaving the project is never read."""
+def _params_of(root: Path, doc: LoadedYaml, raw: Mapping[str, Any],
+               text: str | None = None) -> tuple[Path, dict[str, Any], list[SpecIssue]]:
+    """The spec's params file, its data (of ``text`` when given), and the problems found; a path
+    leaving the project is never read."""
     name = raw.get("params")
     name = name if isinstance(name, str) and name else "params.yaml"
     problem = path_problem(name) or link_problem(root, name)
     if problem:
         return root / name, {}, [SpecIssue(doc.path, doc.line(("params",)), "params", problem)]
-    return root / name, *_load_params(root / name, doc, raw)
+    return root / name, *_load_params(root / name, doc, raw, text)
 
 
-def _load_params(path: Path, doc: LoadedYaml, raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[SpecIssue]]:
+def _load_params(path: Path, doc: LoadedYaml, raw: Mapping[str, Any],
+                 text: str | None) -> tuple[dict[str, Any], list[SpecIssue]]:
     declares = any(body.get("params") for _, body in stages_of(raw))
+    if text is not None:
+        return _params_data(path, text)
     if not path.exists():
         if declares:
             return {}, [SpecIssue(doc.path, doc.line(("params",)), "params",
@@ -253,8 +261,12 @@ def _load_params(path: Path, doc: LoadedYaml, raw: Mapping[str, Any]) -> tuple[d
     if path.is_dir():
         return {}, [SpecIssue(doc.path, doc.line(("params",)), "params",
                               f"{path} is a directory: name the params file (a YAML mapping) in it")]
+    return _params_data(path, None)
+
+
+def _params_data(path: Path, text: str | None) -> tuple[dict[str, Any], list[SpecIssue]]:
     try:
-        data = _load(path).data
+        data = _load(path, text).data
     except SpecError as exc:
         return {}, exc.issues
     if data is None:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from conveyor.spec.models import did_you_mean
+from conveyor.errors import did_you_mean
 
 
 def module_file(root: Path, module: str) -> Path | None:

@@ -157,10 +157,10 @@ class LoadedYaml:
         return None
 
 
-def load_yaml(path: Path) -> LoadedYaml:
-    """Parse ``path``; raises ``yaml.YAMLError`` (with a mark) on bad syntax, and its
-    subclass :class:`YamlRefused` for a document conveyor does not read at all."""
-    text = _read_text(path)
+def load_yaml(path: Path, text: str | None = None) -> LoadedYaml:
+    """Parse ``path`` (or ``text``, what it would hold); raises ``yaml.YAMLError`` (with a mark)
+    on bad syntax, and its subclass :class:`YamlRefused` for a document conveyor does not read at all."""
+    text = _read_text(path) if text is None else text
     try:
         return _load(path, text, _FastLoader)
     except YamlRefused:
@@ -179,12 +179,15 @@ def load_yaml(path: Path) -> LoadedYaml:
 
 
 def yaml_issue(path: Path, exc: yaml.YAMLError) -> SpecIssue:
-    """What :func:`load_yaml` raised about ``path``, as the line a user reads: file, line, key, problem."""
+    """What :func:`load_yaml` raised about ``path``, as the line a user reads: file, line, key, problem
+    (a syntax error also names its column, as DVC's do: a line may hold a whole flow mapping)."""
     mark = getattr(exc, "problem_mark", None)
     line = mark.line + 1 if mark is not None else None
     problem = getattr(exc, "problem", None) or str(exc)
     if isinstance(exc, YamlRefused):
         return SpecIssue(path, line, exc.key, problem)
+    if mark is not None:
+        problem += f" (column {mark.column + 1})"
     if "got '{'" in problem and mark is not None and "${" in _line_of(mark):
         problem += ("; inside [...] or {...}, a value holding ${...} must be quoted: write "
                     "['models/m-${item.eta}.json'], or the list one item per line ('- models/m-${item.eta}.json')")

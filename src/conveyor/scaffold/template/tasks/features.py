@@ -1,4 +1,5 @@
-"""Standardised features, computed with dask.dataframe on the stage's Dask cluster."""
+"""Standardised features, computed with dask.dataframe: on the stage's Dask cluster, or in
+conveyor's process while the input is under the profile's ``in_process_below``."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ if TYPE_CHECKING:
 
 
 def featurize(ctx: StageContext) -> None:
-    """Standardise every feature column with dask.dataframe, on the stage's Dask cluster."""
+    """Standardise every feature column with dask.dataframe (on the cluster when there is one)."""
     import dask.dataframe as dd
 
     frame = dd.read_csv(str(ctx.dep()))
     features = [c for c in frame.columns if c != "y"]
     mean, std = frame[features].mean().compute(), frame[features].std().compute()
     standardise(frame, mean, std).to_parquet(str(ctx.out()), write_index=False)
-    ctx.log.info("standardised %d features on %d Dask workers", len(features), ctx.n_workers)
+    where = f"on {ctx.n_workers} Dask workers" if ctx.client is not None else "in process (a small input)"
+    ctx.log.info("standardised %d features %s", len(features), where)
 
 
 def standardise(frame: dd.DataFrame, mean: pd.Series, std: pd.Series) -> dd.DataFrame:

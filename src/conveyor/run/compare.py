@@ -1,0 +1,121 @@
+"""The rows of ``conveyor compare``: a run, or one matrix item of a run, with its params and
+metrics (data only; the tables are :mod:`conveyor.cli.history`'s). Built once for the table, the
+``--plot`` page and the Prefect table artifact of a run (:func:`artifact_rows`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.errors import redact
+from conveyor.run.record import RunRecord
+from conveyor.spec.matrix import JOIN
+
+MISSING = "-"  # a value a run (or item) does not have
+MARK = "*"  # after a param value set with -S in that run
+ITEM = "item."  # the prefix of a matrix item's values among the params
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of ``conveyor compare``: a run, or one matrix item of a run (``item`` its stage)."""
+
+    run_id: str
+    item: str  # the matrix item's stage (train@0.1-6); "" for the run's own row
+    params: Mapping[str, Any]  # dotted key -> value, the item's values as item.<key>
+    overridden: frozenset[str]  # the params set with -S in this run
+    metrics: Mapping[str, float]  # stage:metric -> value; an item's under its group's name
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    params: tuple[str, ...]
+    metrics: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("run", "item", *self.params, *self.metrics)
+
+
+def rows_of(runs: Sequence[RunRecord]) -> list[Row]:
+    """The rows comparing ``runs``, in their order: each run's own row (when it has no matrix
+    items or has metrics of other stages), then a row per item of a matrix that has metrics."""
+    measured = {_group(n) for r in runs for n, s in r.stages.items() if s.item is not None and s.metrics}
+    rows: list[Row] = []
+    for run in runs:
+        params = flatten(run.params)
+        params.update({k: v for k, v in run.overrides.items() if k not in params})  # a key of another params file
+        marked = frozenset(k for k in params if any(k == o or k.startswith(f"{o}.") for o in run.overrides))
+        plain = {f"{n}:{k}": v for n, s in run.stages.items() if s.item is None for k, v in s.metrics.items()
+                 if _number(v)}
+        items = [(n, s) for n, s in run.stages.items() if s.item is not None and _group(n) in measured]
+        if plain or not items:
+            rows.append(Row(run.run_id, "", params, marked, plain))
+        for name, stage in items:
+            values = {**params, **flatten(stage.item or {}, ITEM.rstrip("."))}
+            metrics = {f"{_group(name)}:{k}": v for k, v in stage.metrics.items() if _number(v)}
+            rows.append(Row(run.run_id, name, values, marked, metrics))
+    return rows
+
+
+def _group(stage: str) -> str:
+    return stage.partition(JOIN)[0]
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"eta": 0.1}}`` as ``{"train.eta": 0.1}``: a param section as its leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def columns_of(rows: Iterable[Row]) -> Columns:
+    """Params (a run's, then items' values) and metrics, each in the order they first appear."""
+    params: dict[str, None] = {}
+    items: dict[str, None] = {}
+    metrics: dict[str, None] = {}
+    for row in rows:
+        for key in row.params:
+            (items if key.startswith(ITEM) else params)[key] = None
+        metrics.update(dict.fromkeys(row.metrics))
+    return Columns((*params, *items), tuple(metrics))
+
+
+def cells(row: Row, columns: Columns) -> list[str]:
+    """A row as text, in the order of ``columns.names``: ``-`` for what it does not have."""
+    params = [fmt(row.params[k]) + (MARK if k in row.overridden else "") if k in row.params else MISSING
+              for k in columns.params]
+    metrics = [fmt(row.metrics[k]) if k in row.metrics else MISSING for k in columns.metrics]
+    return [row.run_id, row.item or MISSING, *params, *metrics]
+
+
+def fmt(value: Any) -> str:
+    """A param or metric value as the table shows it: floats to 4 significant digits, URLs without credentials."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return str(value)
+    return redact(value if isinstance(value, str) else json.dumps(value, default=str))  # a source URL's password
+
+
+def artifact_rows(run: RunRecord) -> list[dict[str, str]]:
+    """The rows of ``conveyor compare RUN`` for one run, as a Prefect table artifact takes them."""
+    rows = rows_of([run])
+    columns = columns_of(rows)
+    return [dict(zip(columns.names, cells(row, columns), strict=True)) for row in rows]

@@ -1,0 +1,124 @@
+"""The DVC repository around a dvc.yaml, as ``dvc repro`` sees it: every other dvc.yaml and every
+``.dvc`` file (``dvc add``), loaded by DVC.
+
+``dvc repro`` builds its graph over the repository's whole index, so an out that a ``.dvc`` file
+or another dvc.yaml already tracks is refused (duplicated, or inside a tracked directory) before
+anything runs, and a ``.dvc`` file is a stage upstream of those that read its data. conveyor
+runs one dvc.yaml, and needs the rest of the index for the same two answers: the refusal, and
+which ``.dvc`` files each of its stages reads (:mod:`conveyor.dvc.sources` commits them as
+``dvc repro`` does). DVC is imported only here and only when such a project is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from conveyor.errors import SpecError, SpecIssue
+from conveyor.spec.yamlmap import LoadedYaml
+
+if TYPE_CHECKING:
+    from dvc.repo import Repo
+    from dvc.stage import Stage
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What the rest of the repository means to each stage of the dvc.yaml, by stage name.
+
+    ``sources``: the ``.dvc`` files (relative to the root) whose data the stage reads;
+    ``unmade``: its deps (relative to the root) that no stage of the repository writes, which
+    must then exist when it runs (``dvc repro`` fails on them: No such file or directory).
+    """
+
+    sources: Mapping[str, tuple[str, ...]]
+    unmade: Mapping[str, tuple[str, ...]]
+
+
+def other_stages(repo: Repo, dvc_file: Path) -> list[Stage]:
+    """The stages of every DVC file of ``repo`` but ``dvc_file`` (already loaded by the caller);
+    a file DVC cannot load is a :class:`SpecError`, as it fails ``dvc repro``."""
+    from dvc.exceptions import DvcException
+
+    try:
+        return _walk(repo, dvc_file)
+    except DvcException as exc:
+        raise SpecError([SpecIssue(dvc_file, None, "", f"{' '.join(str(exc).split())} (another DVC file of "
+                                   "the repository: `dvc repro` refuses it too)")]) from None
+
+
+def _walk(repo: Repo, dvc_file: Path) -> list[Stage]:
+    """The walk is DVC's own (``dvc.repo.index.collect_files``: its ignore rules, its file names,
+    tracked outs not descended into), less the one file, so no file is parsed twice."""
+    from dvc.dvcfile import is_valid_filename
+    from dvc.repo.index import Index
+
+    skip = os.path.abspath(dvc_file)
+    found: list[Stage] = []
+    outs: set[str] = set()
+    for root, dirs, files in repo.dvcignore.walk(repo.fs, repo.root_dir, followlinks=False):
+        for name in files:
+            path = repo.fs.join(root, name)
+            if path == skip or not is_valid_filename(name) or repo.scm.is_ignored(path):
+                continue
+            stages = Index.from_file(repo, path).stages
+            found += stages
+            outs.update(out.fs_path for stage in stages for out in stage.outs if out.protocol == "local")
+        dirs[:] = [d for d in dirs if repo.fs.join(root, d) not in outs
+                   and not repo.scm.is_ignored(repo.fs.join(root, d) + os.sep)]
+    return found
+
+
+def upstream(root: Path, ours: Mapping[str, Stage], others: Sequence[Stage]) -> Upstream:
+    """For each of ``ours``, the ``.dvc`` files it reads and the deps nobody writes."""
+    from dvc.dependency.param import ParamsDependency
+
+    written = [out.fs_path for stage in [*ours.values(), *others] for out in stage.outs]
+    sources: dict[str, tuple[str, ...]] = {}
+    unmade: dict[str, tuple[str, ...]] = {}
+    for name, stage in ours.items():
+        deps = [dep for dep in stage.deps if not isinstance(dep, ParamsDependency) and dep.protocol == "local"]
+        sources[name] = tuple(dict.fromkeys(
+            _rel(root, other.path) for other in others if other.is_data_source
+            for dep in deps for out in other.outs if _overlap(dep.fs_path, out.fs_path)))
+        unmade[name] = tuple(_rel(root, dep.fs_path) for dep in deps
+                             if not any(_overlap(dep.fs_path, out) for out in written))
+    return Upstream(sources, unmade)
+
+
+def _overlap(one: str, other: str) -> bool:
+    """The same path, or one inside the other (DVC's edge: an out is, holds or lies in a dep)."""
+    return one == other or one.startswith(other + os.sep) or other.startswith(one + os.sep)
+
+
+def _rel(root: Path, path: str) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
+
+def graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, Stage],
+          others: Sequence[Stage]) -> dict[str, frozenset[str]]:
+    """DVC's own graph of the repository (an edge where an out is, holds or lies in a dep), as
+    ``dvc repro`` builds it: its refusals (an out duplicated or overlapping, in this file or
+    against a ``.dvc`` file or another dvc.yaml; a cycle) as a :class:`SpecError` before anything
+    runs. Returns, for each stage of ``stages``, those of them it waits for."""
+    from dvc.exceptions import DvcException
+    from dvc.repo.graph import build_graph
+
+    try:
+        # Last stage first: DVC's cycle check (networkx's find_cycle) walks down from each node in
+        # the order given, through nodes it has seen before too, so in dvc.yaml's order (what a
+        # stage reads is usually written above it) a chain of N stages cost N^2/2 steps.
+        built = build_graph([*others, *list(stages.values())[::-1]])
+    except DvcException as exc:  # overlapping outs, a cycle, an out that is also a dep
+        raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", " ".join(str(exc).split()))]
+                        ) from None
+    ups: dict[str, set[str]] = {name: set() for name in stages}
+    ours = {id(stage) for stage in stages.values()}
+    for dependent, dependency in built.edges:
+        if id(dependent) in ours and id(dependency) in ours:
+            ups[dependent.name].add(dependency.name)
+    return {name: frozenset(found) for name, found in ups.items()}

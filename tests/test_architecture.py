@@ -1,0 +1,77 @@
+"""The house rules of ARCHITECTURE.md that a machine can check: no module of ``src/conveyor`` over
+400 lines, no cycle among the imports a module makes as it loads, and the CLI as the outermost
+door (only the CLI imports the CLI, lazily or not)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "conveyor"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "template" in path.relative_to(PACKAGE).parts:  # conveyor init's project, not conveyor's code
+            continue
+        name = ".".join(path.with_suffix("").relative_to(SRC).parts).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path], *, at_load: bool) -> Iterator[str]:
+    """The conveyor modules ``name`` imports: at load only (module level, not under TYPE_CHECKING),
+    or anywhere (functions' lazy imports too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    nodes = tree.body if at_load else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                parts = package.split(".")
+                base = ".".join([*parts[:len(parts) - node.level + 1], *([base] if base else [])])
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        yield from (t for t in targets if t in modules and t != name)
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {name: n for name, path in _modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by job (ARCHITECTURE.md): {long}"
+
+
+def test_modules_import_one_another_without_a_cycle_as_they_load() -> None:
+    modules = _modules()
+    graph = {name: set(_imports(name, path, modules, at_load=True)) for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    modules = _modules()
+    offenders = {name for name, path in modules.items() if not name.startswith("conveyor.cli")
+                 and any(t.startswith("conveyor.cli") for t in _imports(name, path, modules, at_load=False))}
+    assert offenders == set(), "a door never imports from the CLI (ARCHITECTURE.md)"
