@@ -395,12 +395,19 @@ DVC_CASES = [
 
 
 @pytest.fixture(scope="module")
-def dvc_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One git + DVC repository for the module; each case is a folder of its own in it."""
+def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git + DVC repository, made once for the module and copied for each case."""
     root = tmp_path_factory.mktemp("hostile-dvc").resolve()
     for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
         subprocess.run(command, cwd=root, check=True, capture_output=True)
     return root
+
+
+@pytest.fixture
+def dvc_repo(dvc_template: Path, tmp_path: Path) -> Path:
+    """A repository of the case's own: conveyor reads every DVC file of a repository, as `dvc
+    repro` does, so one case's bomb in a shared repository would be another case's too."""
+    return Path(shutil.copytree(dvc_template, tmp_path.resolve() / "repo", symlinks=True))
 
 
 @pytest.mark.parametrize("case", DVC_CASES, ids=lambda c: c.id)
@@ -432,3 +439,15 @@ def test_a_metrics_file_or_prefect_yaml_that_is_a_bomb_is_refused_at_once(tmp_pa
     with pytest.raises(DeployError, match="aliases expand the document"):
         read_prefect_yaml(tmp_path)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_bomb_in_another_dvc_file_of_the_repository_is_refused_naming_it(dvc_repo: Path) -> None:
+    """conveyor reads the repository's every DVC file (as `dvc repro` builds its graph): each is
+    checked as the dvc.yaml run is, before DVC parses it."""
+    (dvc_repo / DVC).write_text("stages:\n  t:\n    cmd: echo hi > out.txt\n    outs: [out.txt]\n")
+    (dvc_repo / "sub").mkdir()
+    (dvc_repo / "sub" / DVC).write_text(laughs() + "stages:\n  u:\n    cmd: echo hi\n")
+    err, wall = timed(lambda: load_project(dvc_repo / DVC))
+    assert isinstance(err, SpecError) and str(dvc_repo / "sub" / DVC) in str(err), err
+    assert "aliases expand the document" in str(err)
+    assert wall < WALL_S, f"{wall:.2f}s"

@@ -12,7 +12,7 @@ which ``.dvc`` files each of its stages reads (:mod:`conveyor.dvc.sources` commi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,19 +38,22 @@ class Upstream:
     unmade: Mapping[str, tuple[str, ...]]
 
 
-def other_stages(repo: Repo, dvc_file: Path) -> list[Stage]:
+def other_stages(repo: Repo, dvc_file: Path, vet: Callable[[Path], None]) -> list[Stage]:
     """The stages of every DVC file of ``repo`` but ``dvc_file`` (already loaded by the caller);
-    a file DVC cannot load is a :class:`SpecError`, as it fails ``dvc repro``."""
+    a file DVC cannot load is a :class:`SpecError`, as it fails ``dvc repro``. ``vet`` sees each
+    file before DVC parses it (with no bound: a YAML bomb in any of them would hang the walk),
+    and raises a :class:`SpecError` naming it when conveyor refuses to read it."""
     from dvc.exceptions import DvcException
 
     try:
-        return _walk(repo, dvc_file)
-    except DvcException as exc:
-        raise SpecError([SpecIssue(dvc_file, None, "", f"{' '.join(str(exc).split())} (another DVC file of "
-                                   "the repository: `dvc repro` refuses it too)")]) from None
+        return _walk(repo, dvc_file, vet)
+    except (DvcException, AssertionError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        raise SpecError([SpecIssue(dvc_file, None, "", f"{said} (another DVC file of the repository: "
+                                   "`dvc repro` refuses it too)")]) from None
 
 
-def _walk(repo: Repo, dvc_file: Path) -> list[Stage]:
+def _walk(repo: Repo, dvc_file: Path, vet: Callable[[Path], None]) -> list[Stage]:
     """The walk is DVC's own (``dvc.repo.index.collect_files``: its ignore rules, its file names,
     tracked outs not descended into), less the one file, so no file is parsed twice."""
     from dvc.dvcfile import is_valid_filename
@@ -64,6 +67,7 @@ def _walk(repo: Repo, dvc_file: Path) -> list[Stage]:
             path = repo.fs.join(root, name)
             if path == skip or not is_valid_filename(name) or repo.scm.is_ignored(path):
                 continue
+            vet(Path(path))
             stages = Index.from_file(repo, path).stages
             found += stages
             outs.update(out.fs_path for stage in stages for out in stage.outs if out.protocol == "local")
@@ -96,7 +100,6 @@ def _overlap(one: str, other: str) -> bool:
 
 def _rel(root: Path, path: str) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
-
 
 
 def graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, Stage],

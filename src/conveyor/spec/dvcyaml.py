@@ -136,6 +136,15 @@ def _read(path: Path) -> LoadedYaml:
         return LoadedYaml(path, None)
 
 
+def _vet(path: Path) -> None:
+    """Another DVC file of the repository (a dvc.yaml, a ``.dvc`` file), checked as this one is
+    before DVC parses it: the same refusals, naming that file."""
+    written = _read(path)
+    refused = _refused_inputs(path, written) + _empty_groups(written)
+    if refused:
+        raise SpecError(refused)
+
+
 def _refused_inputs(dvc_file: Path, written: LoadedYaml) -> list[SpecIssue]:
     """The YAML files DVC reads for ``dvc_file`` (``vars`` and params files) that conveyor refuses
     to read (:class:`YamlRefused`): checked before DVC parses them with no bound at all."""
@@ -220,7 +229,7 @@ def _dvc_stages(dvc_file: Path, written: LoadedYaml
     try:
         loaded, stages = _stages_of(repo, dvc_file, written)
         locked = frozenset(loaded.lockfile_contents.get("stages", {}))
-        others = dvcindex.other_stages(repo, dvc_file)
+        others = dvcindex.other_stages(repo, dvc_file, _vet)
     except BaseException:
         repo.close()
         raise
