@@ -69,18 +69,3 @@ def test_a_stage_error_names_what_caused_it_and_what_a_cluster_lacks() -> None:
                            "(caused by ModuleNotFoundError: No module named 'mypkg'); the Dask scheduler or "
                            "workers cannot import the project's code")
     assert short_error(ValueError("bad\nsecond line")) == "ValueError: bad"
-
-
-def test_terminal_colours_stay_out_of_one_line_errors_and_an_empty_stderr_leaves_no_heading() -> None:
-    """DVC colours its messages; a summary, the live line and the run record get them plain."""
-    from conveyor.run.commands import CommandFailed
-    from conveyor.run.context import StageProgress
-
-    coloured = RuntimeError("\x1b[31mERROR\x1b[39m: failed to reproduce 'train'")
-    assert short_error(coloured) == "RuntimeError: ERROR: failed to reproduce 'train'"
-    empty = CommandFailed("train", 2, ["", "   "])
-    assert str(empty).endswith("command exited with status 2; it wrote nothing to stderr")
-    assert str(CommandFailed("train", 2, ["\x1b[31mboom\x1b[0m", ""])).endswith("last lines of stderr:\n  boom")
-    progress = StageProgress()
-    progress.note("\x1b[36mRunning stage\x1b[39m 'train':")
-    assert progress.last_line == "Running stage 'train':"

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -451,3 +452,30 @@ def test_a_bomb_in_another_dvc_file_of_the_repository_is_refused_naming_it(dvc_r
     assert isinstance(err, SpecError) and str(dvc_repo / "sub" / DVC) in str(err), err
     assert "aliases expand the document" in str(err)
     assert wall < WALL_S, f"{wall:.2f}s"
+
+
+def test_a_stage_name_too_long_for_the_files_a_run_names_after_it_is_a_spec_error(tmp_path: Path) -> None:
+    """A run names a stage's log file and journal entry after it (NAME_MAX is 255 bytes): caught
+    by validate, not by the run that would fail writing the log. A matrix item's name counts too."""
+    long_name = "a" * 241
+    path = tmp_path / "configs/pipeline.yaml"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(f"""
+        pipeline: names
+        stages:
+          {long_name}: {{cmd: echo hi > out.txt, outs: [out.txt]}}
+          fits: {{cmd: echo ok > ok.txt, outs: [ok.txt]}}
+          sweep:
+            matrix: {{v: ["{"b" * 240}", "short"]}}
+            cmd: echo ${{item.v}}
+        """).lstrip("\n"))
+    with pytest.raises(SpecError, match="too long") as info:
+        load_project(path)
+    err = info.value
+    [issue] = [i for i in err.issues if i.key == f"stages.{long_name}"]
+    assert issue.line == 3
+    assert "a stage name of 241 bytes is too long: a run names the stage's log file and journal entry after it, " \
+           "which leaves at most 240 bytes" in issue.message
+    item = [i for i in err.issues if i.key == "stages.sweep"]
+    assert len(item) == 1 and "shorten the matrix's values or its name" in item[0].message
+    assert not [i for i in err.issues if "fits" in i.key or "short" in i.key]

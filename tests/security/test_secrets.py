@@ -121,3 +121,14 @@ def test_redaction_keeps_urls_without_credentials(tmp_path: Path) -> None:
     assert redact("https://alice:pw@host/x.csv and https://TOKEN@host/y") == "https://***@host/x.csv and https://***@host/y"
     for kept in ("s3://bucket/key@v1", "git@github.com:org/repo", "https://host/a@b", "mailto:a@b.c"):
         assert redact(kept) == kept
+
+
+def test_a_changed_param_holding_a_url_with_credentials_is_shown_masked() -> None:
+    """`status` and the run record's reason show changed params; a source URL's password is not shown."""
+    was = {"ingest": {"sources": ["https://analyst:hunter2@data.example.com/a.csv"]}}
+    now = {"ingest": {"sources": ["https://analyst:SECRET-TOKEN@data.example.com/b.csv"]}}
+    from conveyor.plan.fingerprint import param_changes
+
+    [reason] = param_changes(was, now)
+    assert "hunter2" not in reason and "SECRET" not in reason and "analyst" not in reason
+    assert reason.startswith('params changed: ingest.sources ["https://***@data.example.com/a.csv"] → ')

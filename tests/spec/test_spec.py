@@ -757,26 +757,3 @@ def test_validate_imports_nothing_heavy(project: ProjectDir) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"good": 0, "bad": 2, "heavy": []}
-
-
-def test_a_stage_name_too_long_for_the_files_a_run_names_after_it_is_a_spec_error(project: ProjectDir) -> None:
-    """A run names a stage's log file and journal entry after it (NAME_MAX is 255 bytes): caught
-    by validate, not by the run that would fail writing the log. A matrix item's name counts too."""
-    long_name = "a" * 241
-    path = project.spec(f"""
-        pipeline: names
-        stages:
-          {long_name}: {{cmd: echo hi > out.txt, outs: [out.txt]}}
-          fits: {{cmd: echo ok > ok.txt, outs: [ok.txt]}}
-          sweep:
-            matrix: {{v: ["{"b" * 240}", "short"]}}
-            cmd: echo ${{item.v}}
-        """)
-    err = spec_error(path, "too long")
-    issue = issue_at(err, f"stages.{long_name}")
-    assert issue.line == 3
-    assert "a stage name of 241 bytes is too long: a run names the stage's log file and journal entry after it, " \
-           "which leaves at most 240 bytes" in issue.message
-    item = [i for i in err.issues if i.key == "stages.sweep"]
-    assert len(item) == 1 and "shorten the matrix's values or its name" in item[0].message
-    assert not [i for i in err.issues if "fits" in i.key or "short" in i.key]
