@@ -240,13 +240,10 @@ def test_a_checkpoint_saved_with_cuda_tensors_loads_on_cpu(tmp_path_factory: pyt
 
 
 def test_cpu_stages_stack_and_evaluate_gpu_trained_models(gpu_models: StageBench) -> None:
+    named = {"data": "data/processed", "xgb": "models/xgb.json", "mlp": "models/mlp.pt"}  # as the spec names them
+    gpu_models.run(train.stack, params=["train.stack", "seed"], deps=named, outs=["models/stack.json"])
     gpu_models.run(
-        train.stack, params=["train.stack", "seed"],
-        deps=["data/processed", "models/xgb.json", "models/mlp.pt"], outs=["models/stack.json"],
-    )
-    gpu_models.run(
-        evaluate.evaluate, params=["evaluate"],
-        deps=["data/processed", "models/xgb.json", "models/mlp.pt", "models/stack.json"],
+        evaluate.evaluate, params=["evaluate"], deps={**named, "stack": "models/stack.json"},
         outs=["plots/roc.png"], metrics=["metrics/test.json"],
     )
 
