@@ -189,9 +189,9 @@ class DvcRecord:
         from dvc.exceptions import DvcException
 
         with self._mutex:
-            st = self._stage(stage)
-            if not self.recorded(stage) and not st.frozen:  # DVC asks a frozen stage only about its outs
-                return ["never run"]
+            if not self.recorded(stage) and not getattr(self._stages.get(stage), "frozen", False):
+                return ["never run"]  # (a new item of a sweep grown by -S is not in the file DVC read)
+            st = self._stage(stage)  # DVC asks a frozen stage only about its outs, recorded or not
             try:
                 status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
