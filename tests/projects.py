@@ -43,6 +43,17 @@ class Project:
         return subprocess.run(["conveyor", *args], cwd=self.root, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
 
+    def sh(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """A command (git, dvc, ...) in the project with its environment; it must succeed."""
+        done = subprocess.run(args, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    def init_dvc(self) -> None:
+        """Make the project a git + DVC repository, DVC's analytics off."""
+        for command in (("git", "init", "-q"), ("dvc", "init", "-q"), ("dvc", "config", "core.analytics", "false")):
+            self.sh(*command)
+
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """``conveyor`` as a terminal starts it: SIGINT at its default, even when the tests run
         as a background job of a script (which ignores SIGINT, and its children inherit that)."""

@@ -42,11 +42,6 @@ with open("ran.log", "a") as fh:  # not an out: how many times the command reall
 """
 
 
-def _sh(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
 
 def _dvc_project(make_project: Callable[[], Project]) -> Project:
     """A plain DVC project (no conveyor spec): git, DVC, the one-stage dvc.yaml above, n = 1."""
@@ -55,9 +50,7 @@ def _dvc_project(make_project: Callable[[], Project]) -> Project:
     project.write("dvc.yaml", DVC_YAML)
     project.write("write.py", WRITE)
     project.write("params.yaml", "n: 1\n")
-    _sh(project, "git", "init", "-q")
-    _sh(project, "dvc", "init", "-q")
-    _sh(project, "dvc", "config", "core.analytics", "false")
+    project.init_dvc()
     return project
 
 
@@ -118,7 +111,7 @@ def test_a_damaged_cache_object_is_not_restored_the_stage_runs_and_the_user_is_t
     assert "Traceback" not in done.stdout + done.stderr
     reason = project.record()["stages"]["build"]["reason"]
     assert "damaged" in reason and "restored from DVC's run cache" not in reason, reason
-    assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    assert json.loads(project.sh("dvc", "status", "--json").stdout) == {}
 
 
 def test_an_out_checked_out_again_from_dvc_lock_is_checked_too(make_project: Callable[[], Project]) -> None:
@@ -135,4 +128,4 @@ def test_an_out_checked_out_again_from_dvc_lock_is_checked_too(make_project: Cal
     assert (project.root / "out.txt").read_bytes() == data
     assert _object(project, data).read_bytes() == data
     assert _object(project, data).relative_to(project.root).as_posix() in done.stderr
-    assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    assert json.loads(project.sh("dvc", "status", "--json").stdout) == {}

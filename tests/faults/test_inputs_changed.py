@@ -32,11 +32,6 @@ Path("out.txt").write_text(f"{value}\\n")
 """
 
 
-def _sh(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
 
 def _dvc_project(make_project: Callable[[], Project], dvc_yaml: str) -> Project:
     project = make_project()
@@ -44,9 +39,7 @@ def _dvc_project(make_project: Callable[[], Project], dvc_yaml: str) -> Project:
     project.write("dvc.yaml", dvc_yaml)
     project.write("step.py", STEP)
     project.write("params.yaml", "lr: 0.1\n")
-    _sh(project, "git", "init", "-q")
-    _sh(project, "dvc", "init", "-q")
-    _sh(project, "dvc", "config", "core.analytics", "false")
+    project.init_dvc()
     return project
 
 
@@ -80,14 +73,14 @@ def test_params_edited_while_a_stage_runs_are_recorded_as_it_ran_and_leave_it_st
     assert project.record()["stages"]["step"]["inputs_changed"] == ["params changed: lr 0.1 → 0.2"]
     status = project.conveyor("status")
     assert "stale" in status.stdout and "params changed: lr 0.1 → 0.2" in status.stdout, status.stdout
-    assert "step" in _sh(project, "dvc", "status").stdout  # DVC agrees: not up to date
+    assert "step" in project.sh("dvc", "status").stdout  # DVC agrees: not up to date
 
     again = project.conveyor("run")  # runs it (no run cache entry ties lr 0.2 to the old out.txt)
     assert again.returncode == 0, again.stderr
     assert "restored from DVC's run cache" not in again.stderr
     assert (project.root / "out.txt").read_text() == "0.2\n"
     assert _lock(project)["params"] == {"params.yaml": {"lr": 0.2}}
-    assert "Data and pipelines are up to date" in _sh(project, "dvc", "status").stdout
+    assert "Data and pipelines are up to date" in project.sh("dvc", "status").stdout
 
 
 def test_a_param_in_a_command_that_changed_is_named_not_called_a_command_change(

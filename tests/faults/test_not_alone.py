@@ -42,11 +42,6 @@ Path("m.json").write_text(json.dumps({"n": n}))
 """
 
 
-def _sh(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
 
 def _dvc_project(make_project: Callable[[], Project]) -> Project:
     """A plain DVC project (no conveyor spec): git, DVC, the one-stage dvc.yaml above, n = 1."""
@@ -55,9 +50,7 @@ def _dvc_project(make_project: Callable[[], Project]) -> Project:
     project.write("dvc.yaml", DVC_YAML)
     project.write("write.py", WRITE)
     project.write("params.yaml", "n: 1\n")
-    _sh(project, "git", "init", "-q")
-    _sh(project, "dvc", "init", "-q")
-    _sh(project, "dvc", "config", "core.analytics", "false")
+    project.init_dvc()
     return project
 
 
@@ -87,7 +80,7 @@ def test_outs_that_dvc_repro_recorded_after_a_killed_run_are_never_replaced_by_i
 
     (project.root / "hang").unlink()
     project.write("params.yaml", "n: 2\n")
-    _sh(project, "dvc", "repro")  # another tool runs the stage and records what it wrote
+    project.sh("dvc", "repro")  # another tool runs the stage and records what it wrote
     assert (project.root / "out.txt").read_text() == "2\n"
 
     status = project.conveyor("status")
@@ -97,7 +90,7 @@ def test_outs_that_dvc_repro_recorded_after_a_killed_run_are_never_replaced_by_i
     assert (project.root / "out.txt").read_text() == "2\n"  # dvc repro's, as dvc.lock records
     assert json.loads((project.root / "m.json").read_text()) == {"n": 2}
     assert not list((project.root / ".conveyor/journal").iterdir())
-    assert "Data and pipelines are up to date" in _sh(project, "dvc", "status").stdout
+    assert "Data and pipelines are up to date" in project.sh("dvc", "status").stdout
     record = project.record()
     assert record["status"] == "interrupted" and record["stages"]["slow"]["status"] == "interrupted"
 
