@@ -19,6 +19,12 @@ from pathlib import Path
 import pytest
 from subprocs import stop_group
 
+# A run without PREFECT_API_URL keeps a Prefect server for the runs after it (conveyor.prefect.kept).
+# In the tests that take PREFECT_API_URL away, the server is the run's own (it ends with the run)
+# unless the test asks for a kept one (tests/e2e/test_kept_server.py) and stops it: no test leaves
+# a server behind for its idle time.
+os.environ.setdefault("CONVEYOR_SERVER_IDLE", "0")
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from conveyor.cli.common import SpecOption, app, err, out, project_of
+from conveyor.cli.server import kept_line
 from conveyor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -31,6 +33,9 @@ def runs(
                   highlight=False)
         return
     _print_whole(runs_table(found[::-1][:last]))
+    with contextlib.suppress(OSError):  # a PREFECT_HOME this user cannot write: the line is left out
+        if (line := kept_line()) is not None:
+            out.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,16 +1,17 @@
-"""Which Prefect API a run records its flow run in: the one configured, else a temporary server.
+"""Which Prefect API a run records its flow run in: the one configured, else a local server.
 
 With ``PREFECT_API_URL`` configured (a ``prefect server start`` a team keeps, Prefect
 Cloud), runs go there and pay nothing for a server. Without one, Prefect would start its
 own temporary server inside the flow call, after the runner has spent its time importing
-Prefect, and would leave it behind on kill -9. conveyor starts that same server itself
-(Prefect's ephemeral app under uvicorn, on a free loopback port, with the UI and
-background services off) *before* importing Prefect, so the two take their seconds side
-by side on two cores, and ties it to the runner: it leaves with the run, also when the
-runner is killed (the kernel's parent-death signal), and Ctrl-C in the terminal reaches
-the runner, which stops it after Prefect's log and event workers have drained. Like
-Prefect's own, it keeps its database under ``PREFECT_HOME``, so past runs show in a
-``prefect server start`` later.
+Prefect, and would leave it behind on kill -9. conveyor starts a local one itself instead
+(Prefect's ephemeral app under uvicorn, on a free loopback port, with the UI and background
+services off) *before* importing Prefect, so the two take their seconds side by side on two
+cores. By default that server is kept for the runs that follow (:mod:`conveyor.prefect.kept`:
+visible, shared, gone after an idle time); with ``CONVEYOR_SERVER_IDLE=0`` it is the run's own
+(:class:`TemporaryServer`), tied to the runner: it leaves with the run, also when the runner is
+killed (the kernel's parent-death signal), and Ctrl-C in the terminal reaches the runner, which
+stops it after Prefect's log and event workers have drained. Both keep their database under
+``PREFECT_HOME``, as Prefect's own does, so past runs show in a ``prefect server start`` later.
 
 Either server belongs to the run only as its observer: one that does not answer at the start
 stops the run before anything runs (:func:`check_answers`), one that stops answering mid-run
@@ -34,12 +35,16 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor.errors import PrefectServerError, PrefectServerGone
 from conveyor.run.nanny_env import user_environ
 
+if TYPE_CHECKING:
+    from conveyor.prefect.kept import KeptServer
+
 STARTUP_TIMEOUT_S = 120.0
-# The URL of the temporary server while a run uses it (it has no UI and ends with the run).
+# The URL of the local server (kept or temporary) while a run uses it: it has no UI to link to.
 TEMPORARY: list[str] = []
 # The URLs of servers that stopped answering during this process: nothing is left to send them,
 # so the process ends without Prefect's drain at exit (which would wait on them for minutes).
@@ -265,12 +270,19 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
         with _draining(os.environ["PREFECT_API_URL"]) as url:
             yield url
         return
+    from conveyor.prefect.kept import KeptServer, idle_s
+
+    idle = idle_s()
+    kept = KeptServer.of_home(idle) if idle else None
+    if kept is not None and not kept.other_version():
+        with _kept_api(kept, preload) as url:
+            yield url
+        return
     server = TemporaryServer(log)
     if not _may_be_configured(Path.cwd()):
         server.start()  # before Prefect is imported: the two proceed side by side
     try:
         importlib.import_module(preload)
-        from prefect.context import refresh_global_settings_context
         from prefect.settings import PREFECT_API_URL
 
         configured = PREFECT_API_URL.value()
@@ -283,17 +295,66 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
         if server.process is None:
             server.start()
         server.wait()
-        for name in ("NO_PROXY", "no_proxy"):  # Prefect's client must reach the loopback server directly
-            os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1"]))
-        os.environ["PREFECT_API_URL"] = server.api_url
-        refresh_global_settings_context()
-        TEMPORARY.append(server.api_url)
-        try:
+        with _recording_in(server.api_url):
             yield server.api_url
-        finally:
-            _drain_prefect(server.api_url)
-            TEMPORARY.remove(server.api_url)
-            os.environ.pop("PREFECT_API_URL", None)
-            refresh_global_settings_context()
     finally:
         server.stop()
+
+
+@contextmanager
+def _kept_api(kept: KeptServer, preload: str) -> Iterator[str]:
+    """The kept server's URL (joined, else started while Prefect is imported), leased for the block."""
+    try:
+        url = kept.join()
+        if url is None and not _may_be_configured(Path.cwd()):
+            kept.launch()  # before Prefect is imported: the two proceed side by side
+    except OSError as exc:
+        kept.cancel()
+        raise PrefectServerError(f"cannot keep a Prefect server in {kept.directory}: {exc.strerror or exc} (set "
+                                 "PREFECT_HOME to a folder you can write, or PREFECT_API_URL to a server you run)"
+                                 ) from None
+    try:
+        importlib.import_module(preload)
+        from prefect.settings import PREFECT_API_URL
+
+        configured = PREFECT_API_URL.value()
+        if configured:  # a profile or settings file names a server: use it, ours is not needed
+            kept.cancel()
+            check_answers(str(configured))
+            with _draining(str(configured)) as used:
+                yield used
+            return
+        if url is None:
+            if kept.process is None and kept.lease is None:
+                kept.launch()
+            url = kept.ready()
+        with _recording_in(url):
+            yield url
+    finally:
+        kept.leave()
+
+
+@contextmanager
+def _recording_in(url: str) -> Iterator[None]:
+    """Prefect's client of this process sends to the local server at ``url`` during the block.
+
+    Without flow run heartbeats: they feed the zombie-run automations of a server with services,
+    which a local server does not run, and Prefect's heartbeat thread sleeps in steps of a second
+    that the end of every flow run waits out (0.5 s on average, a third of a one-stage run).
+    """
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    for name in ("NO_PROXY", "no_proxy"):  # Prefect's client must reach the loopback server directly
+        os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1"]))
+    os.environ["PREFECT_API_URL"] = url
+    refresh_global_settings_context()
+    TEMPORARY.append(url)
+    try:
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
+    finally:
+        _drain_prefect(url)
+        TEMPORARY.remove(url)
+        os.environ.pop("PREFECT_API_URL", None)
+        refresh_global_settings_context()
