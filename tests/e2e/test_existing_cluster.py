@@ -19,17 +19,19 @@ from subprocs import stop_group
 
 
 @pytest.fixture
-def dask_cluster(reference_project: Project) -> Iterator[str]:
-    """A scheduler and two single-threaded workers, each its own process; stopped at the end."""
+def dask_cluster(reference_project: Project, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A scheduler and two single-threaded workers, each its own process, started elsewhere with no
+    copy of the project and no PYTHONPATH (the project's code travels with the run); stopped at the end."""
     port = open_port("127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(reference_project.root)}  # workers import the project's tasks
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    elsewhere = tmp_path_factory.mktemp("cluster")
     procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", "127.0.0.1:0"], cwd=reference_project.root, env=env,
+                               "--dashboard-address", "127.0.0.1:0"], cwd=elsewhere, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
     procs += [subprocess.Popen(["dask", "worker", address, "--nthreads", "1", "--memory-limit", "2GiB",
                                 "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0", "--name", f"w{i}"],
-                               cwd=reference_project.root, env=env, stdout=subprocess.DEVNULL,
+                               cwd=elsewhere, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True) for i in range(2)]
     try:
         with Client(address, timeout="60s") as client:

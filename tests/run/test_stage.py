@@ -67,5 +67,5 @@ def test_a_stage_error_names_what_caused_it_and_what_a_cluster_lacks() -> None:
     line = short_error(info.value)
     assert line.startswith("RuntimeError: Error during deserialization of the task graph. This frequently "
                            "(caused by ModuleNotFoundError: No module named 'mypkg'); the Dask scheduler or "
-                           "workers cannot import the project's code")
+                           "workers cannot import code the task sends them from outside the project")
     assert short_error(ValueError("bad\nsecond line")) == "ValueError: bad"

@@ -93,7 +93,6 @@ class StageRunner:
         self._threads: dict[str, threading.Thread] = {}
         self._entries: dict[str, Entry] = {}  # the journal entry of each running stage
         self._abandoned: dict[str, BaseException] = {}  # stage -> why it was given up on
-        self._importable: set[tuple[str, str]] = set()  # (profile, package) its workers can import
         # told when a stage is abandoned by its timeout (from the watchdog's thread): its own
         # thread is still blocked, and the stage's end will not be heard otherwise
         self.on_abandon: Callable[[str], None] | None = None
@@ -251,7 +250,7 @@ class StageRunner:
             with current_client(resources.client) if resources.client is not None else nullcontext(), \
                     Watchdog(timeout, give_up) if timeout else nullcontext():
                 if resources.client is not None:
-                    self._check_workers(stage, resources)
+                    self._ship_code()
                 fn(ctx)
         except TaskTimedOut:
             if self.run.stages[stage].attempts > spec.retries:  # no retry will: free them for the stages after
@@ -264,12 +263,12 @@ class StageRunner:
             others = sorted(s for s in self._threads if s != stage and self.run.stages[s].profile == resources.profile)
         workers.restart(resources, stage_logger(stage), when, others)
 
-    def _check_workers(self, stage: str, resources: Resources) -> None:
-        """Once per profile and package in a run: the workers can import the task's package."""
-        package = self.project.pipeline.stages[stage].module.split(".")[0]
-        if (resources.profile, package) not in self._importable:
-            workers.check_importable(stage, resources, package, self.project.root)
-            self._importable.add((resources.profile, package))
+    def _ship_code(self) -> None:
+        """What the task sends the workers carries the project's code (:mod:`conveyor.run.shipping`):
+        the scheduler and workers need conveyor and the libraries, not the project."""
+        from conveyor.run.shipping import ship_project_code
+
+        ship_project_code(self.project.root)
 
     def _isolated(self, stage: str, resources: Resources, progress: StageProgress, log: StageLog) -> None:
         """A deterministic task: run in a child process started with the pinned environment."""
@@ -365,8 +364,8 @@ def short_error(exc: BaseException) -> str:
     if root is not None:  # e.g. Dask's "Error during deserialization" over "No module named 'tasks'"
         line += f" (caused by {plain(_first_line(root))})"
         if isinstance(root, ImportError) and "deserializ" in str(exc):
-            line += ("; the Dask scheduler or workers cannot import the project's code: install the project "
-                     "there, or run the stage on a local profile")
+            line += ("; the Dask scheduler or workers cannot import code the task sends them from outside "
+                     "the project (install it there, or run the stage on a local profile)")
     return redact(line)
 
 

@@ -1,5 +1,5 @@
-"""The Dask workers a stage runs on: can they import the project, why did they die, are
-there any left, and restarting them after an attempt that may have left them blocked or broken.
+"""The Dask workers a stage runs on: why did they die, are there any left, and restarting them
+after an attempt that may have left them blocked or broken.
 
 Prefect-free and free of heavy imports: only the started profile's client is used.
 """
@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 import weakref
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -23,30 +22,6 @@ if TYPE_CHECKING:
 
     from conveyor.run.profiles import Resources
     from conveyor.run.tree_memory import CommandOverMemory
-
-
-def workers_lacking(client: Client, package: str) -> list[str]:
-    """The workers of ``client``'s cluster that cannot find ``package`` (a worker that fails to
-    unpickle a task closes its connection, and Dask waits for workers that never come)."""
-    import importlib.util
-
-    found = client.run(importlib.util.find_spec, package, on_error="return")
-    return sorted(worker for worker, spec in found.items() if spec is None or isinstance(spec, BaseException))
-
-
-def check_importable(stage: str, resources: Resources, package: str, root: Path) -> None:
-    """The workers can import the task's ``package`` (what the task sends them lives there);
-    else the stage fails now, saying how to fix it, instead of Dask waiting forever."""
-    if resources.client is None:
-        return
-    lacking = workers_lacking(resources.client, package)
-    if lacking:
-        shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
-        raise StageError(stage, f"the Dask workers of profile '{resources.profile}' cannot import the project's "
-                                f"package '{package}' ({shown}): the functions the task sends them live "
-                                f"there. Install the project where the workers run (pip install -e . in "
-                                f"their environment, or start them with PYTHONPATH={root}), "
-                                "or run the stage on a profile conveyor starts")
 
 
 def restart(resources: Resources, log: logging.Logger, when: str, others: list[str]) -> None:
