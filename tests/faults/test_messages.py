@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.run.stage import short_error
+from conveyor.run.failures import short_error
 
 
 def test_terminal_colours_stay_out_of_one_line_errors_and_an_empty_stderr_leaves_no_heading() -> None:

@@ -11,7 +11,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from conveyor.errors import MissingOutputError
-from conveyor.run.stage import check_outs, current_client, short_error
+from conveyor.run.failures import short_error
+from conveyor.run.stage import check_outs, current_client
 
 
 def test_concurrent_stages_each_use_their_client_and_leave_dask_config_alone() -> None:

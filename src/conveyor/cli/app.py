@@ -146,7 +146,7 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
     except UnwritableError:  # not "failed before it started": the next command settles it from its events
         raise
     except Exception as exc:  # e.g. the server did not start: the record must not stay "running"
-        from conveyor.run.stage import short_error
+        from conveyor.run.failures import short_error
 
         why = f"the run failed before it started: {short_error(exc)}"
         close_before_flow(project, run_id, interrupted=False, why=why)

@@ -32,13 +32,14 @@ from conveyor.prefect.server import raise_if_gone
 from conveyor.run import capture
 from conveyor.run.compare import artifact_rows
 from conveyor.run.environment import History
+from conveyor.run.failures import redacted, short_error
 from conveyor.run.live import RunView
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, now
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
-from conveyor.run.stage import StageRunner, redacted, short_error
+from conveyor.run.stage import StageRunner
 from conveyor.run.watchdog import stuck
 from conveyor.spec.overrides import describe, parse_overrides, write_overrides
 from conveyor.spec.project import Project, load_project, resolve_spec

@@ -17,10 +17,11 @@ from contextlib import nullcontext
 
 from conveyor.errors import UNWRITABLE, ConveyorError, StageError
 from conveyor.run.context import StageProgress
+from conveyor.run.failures import short_error
 from conveyor.run.logs import log_path
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import RunRecord, StageRecord, new_run_id
-from conveyor.run.stage import StageRunner, short_error
+from conveyor.run.stage import StageRunner
 from conveyor.spec.project import Project
 from conveyor.workspace import run_lock
 
