@@ -230,8 +230,10 @@ def _reader(stream: IO[bytes] | None, name: str, sink: Sink, tail: collections.d
 # --------------------------------------------------------------------------- on a Dask worker
 
 
-def run_on_worker(client: Client, command: Command, sink: Sink) -> Finished:
-    """Run ``command`` inside a Dask task on one of ``client``'s workers; its lines come to ``sink``.
+def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequence[str] | None = None,
+                  resources: Mapping[str, float] | None = None) -> Finished:
+    """Run ``command`` inside a Dask task on one of ``client``'s workers (of ``workers``, when given,
+    asking Dask for ``resources``); its lines come to ``sink``.
 
     Interrupted (Ctrl-C, a stage timeout), the command's process group on the worker is
     killed before this returns.
@@ -250,7 +252,8 @@ def run_on_worker(client: Client, command: Command, sink: Sink) -> Finished:
 
     client.subscribe_topic(topic, receive)
     future = client.submit(on_worker, command, token, topic, key=f"conveyor-cmd-{command.stage}-{token}",
-                           pure=False, retries=0)
+                           pure=False, retries=0, workers=list(workers) if workers else None,
+                           allow_other_workers=False, resources=dict(resources) if resources else None)
     done = threading.Event()
     future.add_done_callback(lambda _f: done.set())
     try:

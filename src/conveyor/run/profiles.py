@@ -164,6 +164,8 @@ def _start_dask(name: str, profile: DaskProfile, stack: ExitStack) -> Resources:
         options["memory_limit"] = profile.memory_limit
     if profile.local_directory is not None:
         options["local_directory"] = profile.local_directory
+    if profile.resources:
+        options["resources"] = dict(profile.resources)  # each worker's, as dask worker --resources
     # its nannies, here, set OMP_NUM_THREADS=1 &c. on os.environ: not ours to keep
     with worker_environ(profile.worker_env), undo_nanny_environ():
         cluster = stack.enter_context(LocalCluster(**options))
@@ -178,7 +180,8 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
     except ImportError as exc:
         raise ProfileError(f"profile '{name}' needs dask-cuda: pip install 'conveyor[gpu]' ({exc})") from exc
     options: dict[str, Any] = {"protocol": profile.protocol, "rmm_pool_size": profile.rmm_pool_size,
-                               "dashboard_address": "127.0.0.1:0"}
+                               "dashboard_address": "127.0.0.1:0",
+                               "resources": {"GPU": 1}}  # one worker per GPU: stages' resources hold them
     if profile.devices is not None:
         options["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, profile.devices))
     if profile.memory_limit is not None:

@@ -96,6 +96,7 @@ class StageRecord:
     packages: dict[str, str] | None = None  # distribution -> version, of the packages its code imports
     cpu: dict[str, str] | None = None  # the CPU's instruction-set level, threads, kernel variables set
     inputs_changed: list[str] = field(default_factory=list)  # deps/params changed while it ran: stale after it
+    held: dict[str, Any] | None = None  # the Dask workers it held for its resources, from and until when
 
     @property
     def where(self) -> str:

@@ -23,6 +23,8 @@ from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.determinism import pinned_environ
 from conveyor.run.failures import failure_detail, short_error
+from conveyor.run.held import Hold, Holdings, holding
+from conveyor.run.held import names as worker_names
 from conveyor.run.isolated import Payload, run_isolated
 from conveyor.run.journal import Entry, Journal
 from conveyor.run.logs import StageLog, log_path, stage_logger
@@ -96,6 +98,7 @@ class StageRunner:
         # told when a stage is abandoned by its timeout (from the watchdog's thread): its own
         # thread is still blocked, and the stage's end will not be heard otherwise
         self.on_abandon: Callable[[str], None] | None = None
+        self._holdings: dict[str, Holdings] = {}  # profile -> what this run's stages hold of its workers
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -197,12 +200,36 @@ class StageRunner:
     def _execute(self, stage: str, fn: Callable[[StageContext], None] | None, resources: Resources,
                  progress: StageProgress, log: StageLog) -> None:
         """Run the stage's command or task (``fn``: the task function; None for a deterministic task)."""
-        if self.project.pipeline.stages[stage].task is None:
-            self._command(stage, resources, log)
-        elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
-            self._isolated(stage, resources, progress, log)
-        else:
-            self._call(fn, stage, resources, progress, stage_logger(stage))
+        with self._holding(stage, resources, progress) as hold:
+            if self.project.pipeline.stages[stage].task is None:
+                self._command(stage, resources, log, hold)
+            elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
+                self._isolated(stage, resources, progress, log)
+            else:
+                self._call(fn, stage, resources, progress, stage_logger(stage), hold)
+
+    @contextmanager
+    def _holding(self, stage: str, resources: Resources, progress: StageProgress) -> Iterator[Hold | None]:
+        """The workers the stage holds for its ``resources:`` while it runs (:mod:`conveyor.run.held`)."""
+        spec = self.project.pipeline.stages[stage]
+        if not spec.resources or resources.client is None:
+            if spec.resources:  # a profile swapped for one without workers (--profile gpu=local)
+                stage_logger(stage).warning("resources %s not held: profile '%s' has no Dask workers",
+                                            spec.resources, resources.profile)
+            yield None
+            return
+        with self._mutex:
+            holdings = self._holdings.setdefault(resources.profile, Holdings(resources.client, resources.profile))
+        progress.description = "waiting for " + ", ".join(f"{k}={v:g}" for k, v in spec.resources.items())
+        with holding(holdings, stage, spec.resources, one_worker=spec.task is None) as hold:
+            progress.description = ""
+            assert hold is not None
+            held = {"workers": worker_names(resources.client, hold.workers), "from": now().isoformat()}
+            self.run.stages[stage].held = held
+            try:
+                yield hold
+            finally:
+                held["until"] = now().isoformat()
 
     def _restored(self, stage: str, log: StageLog) -> bool:
         """Whether DVC's run cache stood in for the run; False (the stage runs) when it has
@@ -229,14 +256,15 @@ class StageRunner:
         return fn
 
     def _call(self, fn: Callable[[StageContext], None], stage: str, resources: Resources,
-              progress: StageProgress, logger: logging.Logger) -> None:
+              progress: StageProgress, logger: logging.Logger, hold: Hold | None) -> None:
         root, spec = self.project.root, self.project.pipeline.stages[stage]
         ctx = StageContext(
             stage=stage, params=self.project.stage_params(stage),
             deps=stage_deps(self.project, stage), outs={o: root / o for o in spec.outs},
             metrics={m: root / m for m in spec.metrics}, names=spec.names, root=root, log=logger,
             item=self.project.item_of(stage), needed=needed_items(self.project, stage),
-            client=resources.client, executor=resources.executor, n_workers=resources.n_workers,
+            client=resources.client, executor=resources.executor,
+            n_workers=len(hold.workers) if hold is not None else resources.n_workers,
             devices=resources.devices, progress=progress,
         )
         timeout = spec.timeout_s
@@ -303,7 +331,7 @@ class StageRunner:
 
         return sink
 
-    def _command(self, stage: str, resources: Resources, log: StageLog) -> None:
+    def _command(self, stage: str, resources: Resources, log: StageLog, hold: Hold | None) -> None:
         spec = self.project.pipeline.stages[stage]
         env = self._environ(stage)
         shell: tuple[str, ...] = ("/bin/sh", "-c")
@@ -315,7 +343,8 @@ class StageRunner:
         sink = self._sink(log)
         if resources.client is not None:
             try:
-                finished = run_on_worker(resources.client, command, sink)
+                finished = run_on_worker(resources.client, command, sink, hold.workers if hold else None,
+                                         spec.resources)
             except CommandOverMemory as exc:  # in the words a task past memory_limit gets
                 raise StageError(stage, workers.over_memory(exc, resources)) from None
         else:

@@ -149,6 +149,11 @@ class _References:
                        f"a deterministic task runs in a process of its own, started with pinned kernel paths; "
                        f"the Dask workers of profile '{body['on']}' were started without them: run it without "
                        f"'on:' (or on a threads profile), or make it a cmd, which gets them on a worker too")
+        if body.get("resources") and not (isinstance(profile, dict) and profile.get("kind") in CLUSTER_KINDS):
+            where = f"profile '{on}' runs no Dask workers" if isinstance(on, str) else "it has no 'on:'"
+            self.issue(("stages", name, "resources"),
+                       f"resources are held on Dask workers and {where}: put the stage on a dask, dask-cuda "
+                       "or slurm profile (on:), or remove resources")
         if isinstance(task, str) and ":" in task:
             problem = task_problem(self.root, task, self.packages)
             if problem:

@@ -80,6 +80,8 @@ def _named(name: str, body: Any, *, outs: bool) -> Any:
 
 # A duration: finite (``.inf`` would overflow the timers it is given to; no timeout is no key)
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Resources = dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")],
+                 Annotated[float, Field(gt=0, allow_inf_nan=False)]]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Deps = Annotated[tuple[Declared, ...], BeforeValidator(partial(_declared, outs=False))]
 Outs = Annotated[tuple[Declared, ...], BeforeValidator(partial(_declared, outs=True))]
@@ -106,6 +108,9 @@ class Stage(Model):
     timeout_s: PositiveSeconds | None = None
     # the same bytes on any x86-64 CPU: pinned kernel paths and one thread (conveyor.run.determinism)
     deterministic: bool = False
+    # Dask resources the stage holds while it runs ({GPU: 1}): workers of its profile that declare
+    # them, held whole (conveyor.run.held); a task's units may span workers, a command's are on one
+    resources: Resources | None = None
     desc: str | None = None
 
     @field_validator("task")

@@ -43,6 +43,10 @@ class DaskProfile(Model):
     # a running stage fails once its scheduler has had no worker this long (all of them killed,
     # or none ever came); null: wait for workers as long as it takes
     no_workers_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = 60.0
+    # what each worker of the LocalCluster declares, as `dask worker --resources` ({GPU: 1}): stages
+    # with resources hold such workers (an existing cluster's workers declare their own)
+    resources: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")],
+                    Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
 
     _bytes = field_validator("memory_limit")(check_bytes)
     _size = field_validator("in_process_below")(check_size)
@@ -57,8 +61,8 @@ class DaskProfile(Model):
 
     @model_validator(mode="after")
     def _one_kind_of_cluster(self) -> DaskProfile:
-        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit", "local_directory", "worker_env")
-                 if getattr(self, k) is not None]
+        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit", "local_directory", "worker_env",
+                             "resources") if getattr(self, k) is not None]
         if self.address is not None and local:
             raise ValueError(f"'address' connects to an existing cluster: {', '.join(local)} only apply to "
                              "a LocalCluster started by conveyor; remove one or the other")

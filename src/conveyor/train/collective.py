@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ def collective_job(client: Client) -> Iterator[None]:
 
 def ranked_workers(client: Client, *, one_process_each: bool = True) -> list[str]:
     """The workers' addresses in rank order (sorted); with ``one_process_each``, each must be its own process."""
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(within_hold(client.scheduler_info(n_workers=-1)["workers"]))
     if not workers:
         raise CollectiveError("the cluster has no workers")
     if one_process_each:
@@ -44,6 +44,15 @@ def ranked_workers(client: Client, *, one_process_each: bool = True) -> list[str
             raise CollectiveError(f"{len(workers)} workers share {len(processes)} process(es); this job needs one "
                                   "process per worker (a Dask profile with processes: true)")
     return workers
+
+
+def within_hold(workers: Iterable[str]) -> list[str]:
+    """``workers``, less those the current stage does not hold when it holds some for its
+    ``resources:`` (:mod:`conveyor.run.held`): a job then runs on exactly the workers held."""
+    from conveyor.run.held import held_workers
+
+    held = held_workers()
+    return [w for w in workers if held is None or w in held]
 
 
 def worker_host(address: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.train.collective import collective_job
+from conveyor.train.collective import collective_job, within_hold
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -108,7 +108,7 @@ def workers_in_rank_order(client: Client) -> list[str]:
     if not info:  # none registered at this instant (one restarting, a cluster still starting): wait for one
         client.wait_for_workers(1, timeout=120)
         info = client.scheduler_info(n_workers=-1)["workers"]
-    return sorted(info, key=lambda addr: f"[xgboost.dask-{info[addr]['name']}]:{addr}")
+    return sorted(within_hold(info), key=lambda addr: f"[xgboost.dask-{info[addr]['name']}]:{addr}")
 
 
 def pinned(client: Client, frame: dd.DataFrame, workers: list[str]) -> dd.DataFrame:
