@@ -1,6 +1,7 @@
 """A DVC stage as a conveyor stage: what a run needs of it (command, paths relative to the
 project root, wdir, persist, metrics) and what conveyor cannot honour in it, each problem at its
-line of the dvc.yaml that declares it.
+line of the dvc.yaml that declares it; and what the run record keeps of it (the params it
+declares, with their values now; the foreach/matrix item it was made from).
 
 DVC is imported only here and only when a dvc.yaml is loaded.
 """
@@ -119,3 +120,76 @@ def rel(root: Path, path: str) -> str:
 
 
 
+
+# (params file relative to the root, the keys declared of it; none: the whole file), as a stage's params
+Declared = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def declared_params(root: Path, stage: PipelineStage) -> Declared:
+    """The params ``stage`` declares, file by file, as dvc.lock records them (``params:``)."""
+    from dvc.dependency.param import ParamsDependency
+
+    return tuple((rel(root, dep.fs_path), tuple(dep.params)) for dep in stage.deps
+                 if isinstance(dep, ParamsDependency))
+
+
+def params_values(root: Path, declared: Declared, files: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """The values of ``declared`` as the files hold them now: a key of the root's params.yaml as it is
+    (``train.lr``), one of another file after its path (``sub/params.yaml:lr``), as ``dvc params diff``
+    names them. ``files``: what was read already, by path, with the file's stamp then (a file many
+    stages declare is read once while it does not change)."""
+    import dpath
+
+    values: dict[str, Any] = {}
+    for path, keys in declared:
+        config = _params_file(root / path, files)
+        prefix = "" if path == "params.yaml" else f"{path}:"
+        for key in keys or tuple(config):
+            try:
+                values[prefix + key] = _plain(dpath.get(config, key, separator="."))
+            except (KeyError, ValueError):
+                continue
+    return values
+
+
+def _params_file(path: Path, files: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """A params file as DVC reads it (YAML, JSON, TOML or Python); empty when missing or broken
+    (DVC says so where a stage reads it)."""
+    from dvc.exceptions import DvcException
+    from dvc.fs import LocalFileSystem
+    from dvc.utils.serialize import load_path
+
+    from conveyor.spec.dvcload import stamp
+
+    now = stamp(path)
+    if files.get(str(path), (None,))[0] != now or now is None:
+        try:
+            files[str(path)] = now, load_path(str(path), LocalFileSystem())
+        except (OSError, DvcException):
+            files[str(path)] = now, {}
+    config = files[str(path)][1]
+    return config if isinstance(config, dict) else {}
+
+
+def item_of(stage: PipelineStage) -> dict[str, Any] | None:
+    """The foreach/matrix item ``stage`` was made from, as its command reads it (``${item.lr}``:
+    ``{"lr": 0.1}``; a matrix's keys; ``${item}`` alone: ``{"item": value}``; with ``${key}`` of a
+    foreach over a mapping: ``"key"`` too), or None for a stage of no foreach or matrix."""
+    from dvc.parsing import ForeachDefinition, MatrixDefinition
+
+    group, _, key = str(stage.name).partition("@")
+    definition = stage.dvcfile.resolver.definitions.get(group) if key else None
+    if not isinstance(definition, ForeachDefinition | MatrixDefinition) or key not in definition.normalized_iterable:
+        return None
+    value = _plain(definition.normalized_iterable[key])
+    item = dict(value) if isinstance(value, dict) else {"item": value}
+    if isinstance(definition, ForeachDefinition) and isinstance(definition.resolved_iterable, Mapping):
+        item = {"key": key, **item}
+    return item
+
+
+def _plain(value: Any) -> Any:
+    """A value read by DVC's round-trip YAML as plain JSON types (the run record is JSON)."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))

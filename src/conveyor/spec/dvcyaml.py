@@ -50,7 +50,9 @@ class DvcSource:
     ``sources`` and ``unmade``: per stage, the ``.dvc`` files it reads and the deps no stage
     of the repository writes (:class:`conveyor.spec.dvcindex.Upstream`); ``addresses``: the
     stages of other dvc.yaml files that ``dvc repro`` of this one runs too (upstream of its
-    stages), by the name DVC prints (``sub/dvc.yaml:make``): their file and their own name there.
+    stages), by the name DVC prints (``sub/dvc.yaml:make``): their file and their own name there;
+    ``params`` and ``items``: per stage, the params it declares and its foreach/matrix item,
+    which the run record keeps (``conveyor compare`` shows them).
     """
 
     file: Path
@@ -61,10 +63,17 @@ class DvcSource:
     unmade: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     loaded: DvcLoaded | None = field(default=None, compare=False, repr=False)
     addresses: Mapping[str, tuple[Path, str]] = field(default_factory=dict)
+    params: Mapping[str, dvcstages.Declared] = field(default_factory=dict)
+    items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    _files: dict[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def file_of(self, stage: str) -> Path:
         """The dvc.yaml that declares ``stage`` (its dvc.lock lies beside it)."""
         return self.addresses[stage][0] if stage in self.addresses else self.file
+
+    def params_of(self, root: Path, stage: str) -> dict[str, Any]:
+        """The params ``stage`` declares, with their values in the files now (the run record's)."""
+        return dvcstages.params_values(root, self.params.get(stage, ()), self._files)
 
     def name_in_file(self, stage: str) -> str:
         """``stage`` as its own dvc.yaml and dvc.lock name it (``make`` for ``sub/dvc.yaml:make``)."""
@@ -115,7 +124,10 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in everything.items() if s.frozen),
                        metrics=_metrics(written, root, converted), sources=outside.sources,
                        unmade=outside.unmade, loaded=loaded,
-                       addresses={name: (Path(stage.path), str(stage.name)) for name, stage in extra.items()})
+                       addresses={name: (Path(stage.path), str(stage.name)) for name, stage in extra.items()},
+                       params={name: dvcstages.declared_params(root, stage) for name, stage in everything.items()},
+                       items={name: item for name, stage in everything.items()
+                              if (item := dvcstages.item_of(stage)) is not None})
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
 

@@ -80,6 +80,9 @@ class Project:
 
     def item_of(self, stage: str) -> dict[str, Any] | None:
         """The matrix item of ``stage`` (``{"eta": 0.1, "max_depth": 6}`` for ``train@0.1-6``), or None."""
+        if self.dvc is not None:  # a foreach or matrix item of a dvc.yaml
+            found = self.dvc.items.get(stage)
+            return dict(found) if found is not None else None
         item = self.matrix.items.get(stage) if self.matrix is not None else None
         return dict(item) if item is not None else None
 
@@ -109,7 +112,10 @@ class Project:
         return list(dict.fromkeys(stages))
 
     def stage_params(self, stage: str) -> dict[str, Any]:
-        """The declared params of ``stage``: dotted key -> value."""
+        """The declared params of ``stage``: dotted key -> value (for a dvc.yaml's stage, a key of
+        another file than params.yaml after its path: ``sub/params.yaml:lr``)."""
+        if self.dvc is not None:
+            return self.dvc.params_of(self.root, stage)
         return {key: lookup(self.params, key) for key in self.pipeline.stages[stage].params}
 
     def task_sources(self, stage: str) -> list[Path]:
