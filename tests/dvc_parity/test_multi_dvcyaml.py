@@ -15,6 +15,7 @@ scenario of the DVC test its id names across two (or three) dvc.yaml files.
 from __future__ import annotations
 
 import pytest
+import yaml
 from conftest import Case, Twins, run_twins
 
 pytestmark = pytest.mark.slow
@@ -117,3 +118,19 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id.removeprefix(T) for c in CASES])
 def test_conveyor_run_does_what_dvc_repro_does_across_dvc_yaml_files(twins: Twins, case: Case) -> None:
     run_twins(twins, case)
+
+
+def test_a_stage_of_another_dvc_yaml_upstream_of_nothing_here_says_how_to_run_it(twins: Twins) -> None:
+    """``dvc repro sub/dvc.yaml:lonely`` runs it; conveyor runs one dvc.yaml (and its upstream), so it
+    says, in one line, how to run that stage from its own file, and that command does what DVC does."""
+    theirs, ours = twins.make(Case("lonely", TWO))
+    refused = twins.sh(ours, "conveyor run sub/dvc.yaml:lonely", check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = (refused.stdout + refused.stderr).strip()
+    assert len(said.splitlines()) == 1 and "Traceback" not in said, said
+    assert said.endswith("run that one with `conveyor run -c sub/dvc.yaml lonely`"), said
+    assert not (ours / "sub/lonely").exists()
+    twins.sh(theirs, "dvc repro sub/dvc.yaml:lonely")
+    twins.sh(ours, "conveyor run -c sub/dvc.yaml lonely")
+    assert (ours / "sub/lonely").read_text() == (theirs / "sub/lonely").read_text() == "lonely\n"
+    assert yaml.safe_load((ours / "sub/dvc.lock").read_text()) == yaml.safe_load((theirs / "sub/dvc.lock").read_text())
