@@ -96,6 +96,8 @@ CASES = [
          + "test_repro_pipeline)", TWO),
     Case(T + "test_repro_up_to_date, across two dvc.yaml", TWO, setup=RAN),
     Case(T + "test_repro_changed_data, read by sub/dvc.yaml", TWO, setup=RAN, then=("cp bar foo",)),
+    Case(T + "test_repro_changed_data, dvc add-ed and read by sub/dvc.yaml", TWO,
+         setup=("dvc add -q foo", *RAN), then=("cp bar foo",)),
     Case(T + "test_repro_when_cmd_changes, in sub/dvc.yaml", TWO, setup=RAN,
          then=("sed -i 's/copy.py ..\\/foo made/copy.py  ..\\/foo  made/' sub/dvc.yaml",)),
     Case(T + "test_repro_when_lockfile_gets_deleted, sub/dvc.lock", TWO, setup=RAN, then=("rm sub/dvc.lock",)),
