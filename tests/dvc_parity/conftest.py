@@ -113,7 +113,7 @@ def ran_by_dvc(output: str) -> set[str]:
     found = set(re.findall(r"Running stage '([^']+)'", output))
     found |= set(re.findall(r"Stage '([^']+)' is cached - skipping run", output))
     found |= set(re.findall(r"Verifying outputs in frozen stage: '([^']+)'", output))
-    return {name.rpartition(":")[2] for name in found}
+    return {name.removeprefix("dvc.yaml:") for name in found}  # another dvc.yaml's stage: sub/dvc.yaml:make
 
 
 def ran_by_conveyor(root: Path) -> set[str]:

@@ -90,6 +90,23 @@ def test_the_logs_of_a_run_itself_are_not_listed_as_stages(tmp_path: Path) -> No
     assert str(caught.value) == f"stage 'evaluate' did not run in run {run} (it ran: train)"
 
 
+def test_a_stage_of_another_dvc_yaml_is_listed_by_its_name(tmp_path: Path) -> None:
+    """``sub/dvc.yaml:make`` (a stage of another dvc.yaml, issue 32) logs below the run's folder."""
+    run = "20260101T000000-aaaaaa"
+    for name in ("sub/dvc.yaml:make", "use", "run"):
+        path = log_path(tmp_path, run, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("lines\n")
+    assert find_log(tmp_path, "sub/dvc.yaml:make") == (log_path(tmp_path, run, "sub/dvc.yaml:make"), run)
+    with pytest.raises(UsageError) as caught:
+        find_log(tmp_path, "sub/dvc.yaml:mkae")
+    assert str(caught.value).endswith("(did you mean 'sub/dvc.yaml:make'?): it has not run yet "
+                                      "(stages with logs: sub/dvc.yaml:make, use)"), caught.value
+    with pytest.raises(UsageError) as caught:
+        find_log(tmp_path, "other", run)
+    assert str(caught.value) == f"stage 'other' did not run in run {run} (it ran: sub/dvc.yaml:make, use)"
+
+
 def test_metrics_are_the_numbers_of_the_declared_files(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text('{"test": {"auc": 0.9, "ok": true, "name": "x"}, "n": 3}')
     (tmp_path / "b.yaml").write_text("loss: 0.25\n")

@@ -49,8 +49,13 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def pending_path(root: Path) -> Path:
-    return root / STATE_DIR / PENDING
+def pending_path(root: Path, lock: Path) -> Path:
+    """The pending log of ``lock``: one per dvc.lock a run writes (a pipeline across several
+    dvc.yaml files records each stage beside its own); the root's keeps its name."""
+    rel = os.path.relpath(lock, root)
+    if rel == "dvc.lock":
+        return root / STATE_DIR / PENDING
+    return root / STATE_DIR / f"{PENDING}--{rel.replace(os.sep, '--')}"
 
 
 def pending_entries(root: Path, lock: Path) -> dict[str, Any]:
@@ -58,7 +63,7 @@ def pending_entries(root: Path, lock: Path) -> dict[str, Any]:
     by stage, the last one of each stage; empty when there is none. Plain YAML: reads only."""
     import yaml
 
-    base, entries = _read_log(pending_path(root))
+    base, entries = _read_log(pending_path(root, lock))
     if not entries or base != digest(read_text(lock)):
         return {}
     found: dict[str, Any] = {}
@@ -103,7 +108,7 @@ class LockWriter:
 
     def __init__(self, path: Path, root: Path, track: Callable[[str], None]) -> None:
         self.path, self.root, self.track = path, root, track
-        self.log = pending_path(root)
+        self.log = pending_path(root, path)
         self._data: Any = None  # DVC's round-trip YAML of dvc.lock, as this run last read or wrote it
         self._base = ""  # sha256 of dvc.lock's text as this run last read or wrote it (of "" for no file)
         self._fresh = False  # dvc.lock was absent or empty: DVC says it generates it

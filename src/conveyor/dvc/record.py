@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml, render, write_dvc_yaml
@@ -76,7 +77,11 @@ class DvcRecord:
         self._locked: set[str] = set()
         self._entries: dict[str, Any] = {}  # dvc.lock's entry of each stage, as the session read it or wrote it
         self._started: dict[str, dict[str, tuple[Any, Any]]] = {}  # a running stage's deps: (hash, meta) by path
-        self._lock = LockWriter(self.file.with_suffix(".lock"), project.root, self.repo.scm_context.track_file)
+        # one writer per dvc.lock: a stage of another dvc.yaml (upstream of this one's) is recorded beside it
+        others = [file for file, _ in project.dvc.addresses.values()] if project.dvc is not None else []
+        self._locks = {path.with_suffix(".lock"): LockWriter(path.with_suffix(".lock"), project.root,
+                                                             self.repo.scm_context.track_file)
+                       for path in dict.fromkeys([self.file, *others])}
 
     @contextmanager
     def session(self) -> Iterator[DvcRecord]:
@@ -111,13 +116,15 @@ class DvcRecord:
                     self._load(as_compiled=self.project.dvc is None)
             else:
                 with self._mutex:  # what a killed run recorded only in the pending log, before dvc.lock is read
-                    self._lock.merge_pending(partial(outs_match, self.project))
+                    for path, writer in self._locks.items():
+                        writer.merge_pending(partial(self._outs_match, path.with_suffix(".yaml")))
                 self.reload()
             yield self
         finally:
             with self._mutex:
                 try:
-                    self._lock.flush()  # what stages recorded since the last write, before DVC's lock goes
+                    for writer in self._locks.values():
+                        writer.flush()  # what stages recorded since the last write, before DVC's lock goes
                 finally:
                     held.close()
                     self.repo.close()
@@ -154,13 +161,37 @@ class DvcRecord:
         self._loaded = None
         if current is not None:
             self._stages, self._locked = dict(current[0]), set(current[1])
-            return
-        dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
-        if as_compiled and drift(self.project) is not None:  # DVC's own schema check, on the text not written
-            dvcfile.__dict__["contents"] = dvcfile.validate(yaml_text(render(self.project)), str(self.file))
-        self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
-        self._entries = dict(dvcfile.lockfile_contents.get("stages", {}))
-        self._locked = set(self._entries)
+        else:
+            dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
+            if as_compiled and drift(self.project) is not None:  # DVC's own schema check, on the text not written
+                dvcfile.__dict__["contents"] = dvcfile.validate(yaml_text(render(self.project)), str(self.file))
+            self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
+            self._entries = dict(dvcfile.lockfile_contents.get("stages", {}))
+            self._locked = set(self._entries)
+        self._load_others()
+
+    def _load_others(self) -> None:
+        """The stages of other dvc.yaml files that run with this one (upstream of its stages), and
+        their entries in their own dvc.lock, by the name conveyor gives them (``sub/dvc.yaml:make``)."""
+        from dvc.dvcfile import load_file
+
+        addresses = self.project.dvc.addresses if self.project.dvc is not None else {}
+        for path in dict.fromkeys(file for file, _ in addresses.values()):
+            dvcfile = load_file(self.repo, str(path))
+            entries = dict(dvcfile.lockfile_contents.get("stages", {}))
+            by_name = {stage.name: stage for stage in dvcfile.stages.values()}
+            for name, (file, own) in addresses.items():
+                if file == path and own in by_name:
+                    self._stages[name] = by_name[own]
+                    if own in entries:
+                        self._entries[name] = entries[own]
+                        self._locked.add(name)
+
+    def _outs_match(self, dvc_file: Path, own: str, entry: Mapping[str, Any]) -> bool:
+        """:func:`outs_match` for an entry of the dvc.lock beside ``dvc_file``, named as it names it."""
+        source = self.project.dvc
+        named = {(f, n): name for name, (f, n) in source.addresses.items()} if source is not None else {}
+        return outs_match(self.project, named.get((dvc_file, own), own), entry)
 
     def _running_dvc(self) -> list[str]:
         """Live DVC commands holding path locks (``dvc repro`` releases its repository lock while
@@ -232,11 +263,11 @@ class DvcRecord:
         import yaml
 
         try:
-            lock = yaml.load(self.file.with_suffix(".lock").read_text(encoding="utf-8"),
+            lock = yaml.load(self._file_of(stage).with_suffix(".lock").read_text(encoding="utf-8"),
                              Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
         except (OSError, yaml.YAMLError):
             return None
-        return ((lock or {}).get("stages") or {}).get(stage, {}).get("cmd")
+        return ((lock or {}).get("stages") or {}).get(self._own(stage), {}).get("cmd")
 
     def prepare(self, stage: str) -> None:
         """What ``dvc repro`` does to a stage's outs before its command (a ``persist`` out linked
@@ -289,19 +320,27 @@ class DvcRecord:
             elif not uncached:
                 st.repo.stage_cache.save(st)
             st.commit()
-            self._dump_lock(st)
+            self._dump_lock(stage, st)
             self._locked.add(stage)
         return changed
 
-    def _dump_lock(self, st: PipelineStage) -> None:
+    def _file_of(self, stage: str) -> Path:
+        """The dvc.yaml declaring ``stage``: dvc.lock beside it records it."""
+        return self.project.dvc.file_of(stage) if self.project.dvc is not None else self.file
+
+    def _own(self, stage: str) -> str:
+        """``stage`` as its dvc.lock names it."""
+        return self.project.dvc.name_in_file(stage) if self.project.dvc is not None else stage
+
+    def _dump_lock(self, stage: str, st: PipelineStage) -> None:
         """The stage's entry as DVC's ``Lockfile.dump_stages`` makes it (its serializer, its
         round-trip YAML), into dvc.lock in batches (:mod:`conveyor.dvc.lockfile`): whole, through a
         temporary file renamed over it, and the entry in the pending log until then."""
         from dvc.stage.serialize import to_lockfile
 
-        entry = to_lockfile(st)
-        self._entries.update(entry)
-        self._lock.update(st.name, entry[st.name])
+        entry = to_lockfile(st)[st.name]
+        self._entries[stage] = entry
+        self._locks[self._file_of(stage).with_suffix(".lock")].update(st.name, entry)
 
 
 def _status(stage: PipelineStage) -> dict[str, list[Any]]:

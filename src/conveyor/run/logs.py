@@ -73,19 +73,26 @@ def find_log(root: Path, stage: str, run_id: str | None = None) -> tuple[Path, s
         known = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
         if run_id not in known:
             raise UsageError(f"no run '{run_id}' in {folder} (runs: {', '.join(known[-5:]) or 'none yet'})")
-        ran = sorted(p.stem for p in (folder / run_id).glob("*.log") if p.stem not in RUN_LOGS)
+        ran = _staged(folder / run_id)
         raise UsageError(f"stage '{stage}' did not run in run {run_id} (it ran: {', '.join(ran) or 'nothing'})")
     runs = sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True) if folder.is_dir() else []
     for run in runs:  # run ids start with their UTC time: newest first
         path = run / f"{stage}.log"
         if path.is_file():
             return path, run.name
-    staged = sorted({p.stem for run in runs for p in run.glob("*.log") if p.stem not in RUN_LOGS})
+    staged = sorted({stage for run in runs for stage in _staged(run)})
     from conveyor.errors import did_you_mean
 
     hint = did_you_mean(stage, staged)
     raise UsageError(f"no log of stage '{stage}' in {folder}{hint}: it has not run yet "
                      f"(stages with logs: {', '.join(staged) or 'none'})")
+
+
+def _staged(run: Path) -> list[str]:
+    """The stages with a log in a run's folder; a stage of another dvc.yaml (``sub/dvc.yaml:make``)
+    has its log in a folder below (``sub/dvc.yaml:make.log``)."""
+    found = (p.relative_to(run).as_posix().removesuffix(".log") for p in run.rglob("*.log"))
+    return sorted(stage for stage in found if stage not in RUN_LOGS)
 
 
 class _StageFormatter(logging.Formatter):

@@ -4,18 +4,19 @@
 ``dvc repro`` builds its graph over the repository's whole index, so an out that a ``.dvc`` file
 or another dvc.yaml already tracks is refused (duplicated, or inside a tracked directory) before
 anything runs, and a ``.dvc`` file is a stage upstream of those that read its data. conveyor
-runs one dvc.yaml, and needs the rest of the index for the same two answers: the refusal, and
-which ``.dvc`` files each of its stages reads (:mod:`conveyor.dvc.sources` commits them as
-``dvc repro`` does). DVC is imported only here and only when such a project is loaded.
+runs one dvc.yaml, and needs the rest of the index for three answers: the refusal, which
+``.dvc`` files each of its stages reads (:mod:`conveyor.dvc.sources` commits them as
+``dvc repro`` does), and which stages of other dvc.yaml files it reads the outs of (``dvc repro``
+runs those too, first). DVC is imported only here and only when such a project is loaded.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import SpecError, SpecIssue
 from conveyor.spec.yamlmap import LoadedYaml
@@ -102,12 +103,13 @@ def _rel(root: Path, path: str) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
 
 
-def graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, Stage],
-          others: Sequence[Stage]) -> dict[str, frozenset[str]]:
+def graph(root: Path, dvc_file: Path, written: LoadedYaml, stages: Mapping[str, Stage],
+          others: Sequence[Stage]) -> tuple[dict[str, frozenset[str]], dict[str, Stage]]:
     """DVC's own graph of the repository (an edge where an out is, holds or lies in a dep), as
     ``dvc repro`` builds it: its refusals (an out duplicated or overlapping, in this file or
     against a ``.dvc`` file or another dvc.yaml; a cycle) as a :class:`SpecError` before anything
-    runs. Returns, for each stage of ``stages``, those of them it waits for."""
+    runs. Returns, for each stage that ``dvc repro`` of ``stages`` runs, those it waits for, and
+    the stages of other dvc.yaml files among them (:func:`reached`), by name (:func:`address`)."""
     from dvc.exceptions import DvcException
     from dvc.repo.graph import build_graph
 
@@ -119,9 +121,32 @@ def graph(dvc_file: Path, written: LoadedYaml, stages: Mapping[str, Stage],
     except DvcException as exc:  # overlapping outs, a cycle, an out that is also a dep
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", " ".join(str(exc).split()))]
                         ) from None
-    ups: dict[str, set[str]] = {name: set() for name in stages}
-    ours = {id(stage) for stage in stages.values()}
+    extra = {address(root, dvc_file, stage): stage for stage in reached(built, stages.values())}
+    named = {id(stage): name for name, stage in [*stages.items(), *extra.items()]}
+    ups: dict[str, set[str]] = {name: set() for name in [*stages, *extra]}
     for dependent, dependency in built.edges:
-        if id(dependent) in ours and id(dependency) in ours:
-            ups[dependent.name].add(dependency.name)
-    return {name: frozenset(found) for name, found in ups.items()}
+        if id(dependent) in named and id(dependency) in named:
+            ups[named[id(dependent)]].add(named[id(dependency)])
+    return {name: frozenset(found) for name, found in ups.items()}, extra
+
+
+def reached(built: Any, ours: Iterable[Stage]) -> list[Stage]:
+    """The stages of other dvc.yaml files that ``dvc repro`` of ``ours`` runs too: those upstream
+    of them in the repository's graph ``built``, where a frozen stage cuts its own upstream, found by
+    DVC's own planner (``plan_repro`` over ``get_active_graph``, as ``Repo.reproduce`` calls them).
+    ``.dvc`` files are left to :mod:`conveyor.dvc.sources`."""
+    from dvc.repo.reproduce import get_active_graph, plan_repro
+    from dvc.stage import PipelineStage
+
+    chosen = list(ours)
+    mine = {id(stage) for stage in chosen}
+    return [stage for stage in plan_repro(get_active_graph(built), chosen)
+            if id(stage) not in mine and isinstance(stage, PipelineStage)]
+
+
+def address(root: Path, dvc_file: Path, stage: Stage) -> str:
+    """A stage's name as ``dvc repro`` prints it from ``root``: its name for a stage of
+    ``dvc_file``, ``sub/dvc.yaml:make`` for one of another dvc.yaml (relative to the root)."""
+    if os.path.abspath(stage.path) == os.path.abspath(dvc_file):
+        return str(stage.name)
+    return f"{_rel(root, stage.path)}:{stage.name}"

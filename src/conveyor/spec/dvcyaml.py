@@ -15,18 +15,15 @@ retries and a timeout. DVC is imported only here and only when such a project is
 from __future__ import annotations
 
 import fnmatch
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import ValidationError
 
 from conveyor.errors import SpecError, SpecIssue, did_you_mean
-from conveyor.spec import dvcindex
-from conveyor.spec.checks import link_problem
+from conveyor.spec import dvcindex, dvcstages
 from conveyor.spec.dvcerrors import dvc_issues
 from conveyor.spec.dvcload import DvcLoaded, SchemaChecked, stamp
 from conveyor.spec.models import DvcPipeline, Pipeline, Stage
@@ -51,7 +48,11 @@ class DvcSource:
     records their outs); ``metrics``: per stage, the metrics files dvc.yaml declares that
     the stage writes (its own ``metrics:`` and the top-level ones under its outs);
     ``sources`` and ``unmade``: per stage, the ``.dvc`` files it reads and the deps no stage
-    of the repository writes (:class:`conveyor.spec.dvcindex.Upstream`).
+    of the repository writes (:class:`conveyor.spec.dvcindex.Upstream`); ``addresses``: the
+    stages of other dvc.yaml files that ``dvc repro`` of this one runs too (upstream of its
+    stages), by the name DVC prints (``sub/dvc.yaml:make``): their file and their own name there;
+    ``params`` and ``items``: per stage, the params it declares and its foreach/matrix item,
+    which the run record keeps (``conveyor compare`` shows them).
     """
 
     file: Path
@@ -61,6 +62,22 @@ class DvcSource:
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     unmade: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     loaded: DvcLoaded | None = field(default=None, compare=False, repr=False)
+    addresses: Mapping[str, tuple[Path, str]] = field(default_factory=dict)
+    params: Mapping[str, dvcstages.Declared] = field(default_factory=dict)
+    items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    _files: dict[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
+
+    def file_of(self, stage: str) -> Path:
+        """The dvc.yaml that declares ``stage`` (its dvc.lock lies beside it)."""
+        return self.addresses[stage][0] if stage in self.addresses else self.file
+
+    def params_of(self, root: Path, stage: str) -> dict[str, Any]:
+        """The params ``stage`` declares, with their values in the files now (the run record's)."""
+        return dvcstages.params_values(root, self.params.get(stage, ()), self._files)
+
+    def name_in_file(self, stage: str) -> str:
+        """``stage`` as its own dvc.yaml and dvc.lock name it (``make`` for ``sub/dvc.yaml:make``)."""
+        return self.addresses[stage][1] if stage in self.addresses else stage
 
 
 def is_placement(doc: LoadedYaml) -> bool:
@@ -84,31 +101,33 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     if refused:
         raise SpecError(refused)
     root, loaded, stages, others = _dvc_stages(dvc_file, written)
-    issues: list[SpecIssue] = []
-    converted: dict[str, Stage] = {}
-    for name, stage in stages.items():
-        body, problems = _stage_body(root, stage)
-        issues += [SpecIssue(dvc_file, written.line(_key(name, where)), f"stages.{_group(name)}.{where}", message)
-                   for where, message in problems]
-        try:
-            converted[name] = Stage.model_validate(body)
-        except ValidationError as exc:  # what DVC accepts and a conveyor stage cannot hold
-            issues += [SpecIssue(dvc_file, written.line(("stages", _group(name))), f"stages.{_group(name)}",
-                                 f"{name}: {'.'.join(map(str, err['loc']))}: {err['msg']}") for err in exc.errors()]
+    converted, issues = dvcstages.converted(root, dvc_file, written, stages)
+    graph: dict[str, frozenset[str]] = {}
+    extra: dict[str, PipelineStage] = {}
+    if not issues:  # the stages of other dvc.yaml files this one reads from, converted in their own file
+        graph, extra = dvcindex.graph(root, dvc_file, written, stages, others)
+        for path, named in dvcstages.by_file(extra).items():
+            theirs, found = dvcstages.converted(root, path, _read(path), named)
+            converted.update(theirs)
+            issues += found
     if placement is not None:
         converted, placed_issues = _placed(converted, spec, placement)
         issues += placed_issues + _model_issues(spec, converted, placement, dvc_file)
     if issues:
         raise SpecError(sorted(issues, key=lambda i: (str(i.file), i.line or 0)))
-    graph = dvcindex.graph(dvc_file, written, stages, others)
-    outside = dvcindex.upstream(root, stages, others)
+    everything = {**stages, **extra}
+    outside = dvcindex.upstream(root, everything, others)
     pipeline = Pipeline(pipeline=spec.pipeline or root.name, profiles=spec.profiles, stages=converted,
                         model=spec.model)
     params_path = root / "params.yaml"
     params = _params(params_path)
-    source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in stages.items() if s.frozen),
+    source = DvcSource(dvc_file, shell=_shell(), frozen=frozenset(n for n, s in everything.items() if s.frozen),
                        metrics=_metrics(written, root, converted), sources=outside.sources,
-                       unmade=outside.unmade, loaded=loaded)
+                       unmade=outside.unmade, loaded=loaded,
+                       addresses={name: (Path(stage.path), str(stage.name)) for name, stage in extra.items()},
+                       params={name: dvcstages.declared_params(root, stage) for name, stage in everything.items()},
+                       items={name: item for name, stage in everything.items()
+                              if (item := dvcstages.item_of(stage)) is not None})
     return Project(root, placement.path if placement is not None else dvc_file, pipeline, params_path, params,
                    {name: graph[name] for name in dag.topological_order(graph, converted)}, dvc=source)
 
@@ -260,73 +279,6 @@ def _stages_of(repo: Repo, dvc_file: Path, written: LoadedYaml) -> tuple[Project
     return loaded, stages
 
 
-def _key(stage: str, where: str) -> tuple[str, ...]:
-    return ("stages", _group(stage), *where.split("."))
-
-
-def _group(stage: str) -> str:
-    """The dvc.yaml key a stage comes from (``train@small`` from ``train``)."""
-    return stage.partition("@")[0]
-
-
-def _stage_body(root: Path, stage: PipelineStage) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """A DVC stage as the body of a conveyor cmd stage, and what conveyor cannot honour in it."""
-    from dvc.dependency.param import ParamsDependency
-
-    problems: list[tuple[str, str]] = []
-    outs: list[dict[str, Any]] = []
-    metrics: list[dict[str, Any]] = []
-    for out in stage.outs:
-        kind = "metrics" if out.metric else "plots" if out.plot else "outs"
-        if not out.is_in_repo:
-            problems.append((kind, f"'{out.def_path}' lies outside the repository: conveyor keeps a failed "
-                             "stage's outs intact only inside it; write it inside the project"))
-            continue
-        linked = link_problem(root, _rel(root, out.fs_path))
-        if linked:  # DVC itself runs the command, writing outside, and only then refuses the out
-            problems.append((kind, linked))
-            continue
-        item = {"path": _rel(root, out.fs_path), "persist": bool(out.persist)}
-        (metrics if out.metric else outs).append(item)
-    deps: list[str] = []
-    for dep in stage.deps:
-        if isinstance(dep, ParamsDependency):
-            continue
-        if not dep.is_in_repo:  # a URL, a path outside: DVC checks it, conveyor only passes it on
-            deps.append(dep.def_path)
-            continue
-        deps.append(_rel(root, dep.fs_path))
-        linked = link_problem(root, deps[-1])
-        if linked:
-            problems.append(("deps", linked))
-    commands = stage.cmd if isinstance(stage.cmd, list) else str(stage.cmd or "").splitlines()
-    commands = [c for c in commands if c.strip()]
-    if not commands:
-        problems.append(("cmd", "a stage without a command: conveyor runs commands (DVC's data sources "
-                         "are .dvc files, not stages)"))
-        commands = ["true"]
-    wdir = _rel(root, stage.wdir)
-    problems += [("wdir", problem) for problem in [_wdir_problem(root, wdir)] if problem]
-    body = {"cmd": commands[0] if len(commands) == 1 else commands, "wdir": None if wdir == "." else wdir,
-            "deps": deps, "outs": outs, "metrics": metrics, "desc": stage.desc}
-    return body, problems
-
-
-def _wdir_problem(root: Path, wdir: str) -> str | None:
-    """Why a stage's ``wdir`` (relative to the root) cannot be where its command runs, or None."""
-    if wdir == ".":
-        return None
-    if wdir == ".." or wdir.startswith("../"):
-        return f"{os.path.normpath(root / wdir)} lies outside the repository ({root}): a command runs inside it"
-    if not (root / wdir).is_dir():
-        return f"'{wdir}' is not a directory of the project (the stage's command runs in it)"
-    return link_problem(root, wdir)
-
-
-def _rel(root: Path, path: str) -> str:
-    return Path(os.path.relpath(path, root)).as_posix()
-
-
 def _placed(stages: dict[str, Stage], spec: DvcPipeline, doc: LoadedYaml) -> tuple[dict[str, Stage], list[SpecIssue]]:
     """``stages`` with the placement spec applied; every glob applies where it matches, in order."""
     issues: list[SpecIssue] = []
@@ -361,7 +313,7 @@ def _top_level_metrics(written: LoadedYaml, root: Path) -> list[str]:
     if not isinstance(listed, list):
         return []
     base = written.path.parent
-    return [_rel(root, str(base / m)) for m in listed if isinstance(m, str) and "${" not in m]
+    return [dvcstages.rel(root, str(base / m)) for m in listed if isinstance(m, str) and "${" not in m]
 
 
 def _params(path: Path) -> dict[str, Any]:

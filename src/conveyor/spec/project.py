@@ -80,6 +80,9 @@ class Project:
 
     def item_of(self, stage: str) -> dict[str, Any] | None:
         """The matrix item of ``stage`` (``{"eta": 0.1, "max_depth": 6}`` for ``train@0.1-6``), or None."""
+        if self.dvc is not None:  # a foreach or matrix item of a dvc.yaml
+            found = self.dvc.items.get(stage)
+            return dict(found) if found is not None else None
         item = self.matrix.items.get(stage) if self.matrix is not None else None
         return dict(item) if item is not None else None
 
@@ -105,11 +108,25 @@ class Project:
                 unknown.append(name)
         if unknown:
             hints = "".join(did_you_mean(s, self.pipeline.stages) for s in unknown)
-            raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(self.order)}")
+            raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(self.order)}"
+                             + self._elsewhere(unknown))
         return list(dict.fromkeys(stages))
 
+    def _elsewhere(self, unknown: Sequence[str]) -> str:
+        """For a stage of another dvc.yaml (``sub/dvc.yaml:lonely``) upstream of none of this one's
+        (so not part of its run): how to run it from its own file, as ``dvc repro`` would run it."""
+        for name in unknown:
+            file, _, stage = name.rpartition(":")
+            if self.dvc is not None and file and stage and (self.root / file).is_file():
+                return (f"; this runs {self.rel(self.dvc.file)} and, of other dvc.yaml files, only the stages "
+                        f"upstream of it: run that one with `conveyor run -c {file} {stage}`")
+        return ""
+
     def stage_params(self, stage: str) -> dict[str, Any]:
-        """The declared params of ``stage``: dotted key -> value."""
+        """The declared params of ``stage``: dotted key -> value (for a dvc.yaml's stage, a key of
+        another file than params.yaml after its path: ``sub/params.yaml:lr``)."""
+        if self.dvc is not None:
+            return self.dvc.params_of(self.root, stage)
         return {key: lookup(self.params, key) for key in self.pipeline.stages[stage].params}
 
     def task_sources(self, stage: str) -> list[Path]:
