@@ -9,25 +9,19 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
-from benchmarks import (
-    chain,
+from benchmarks import harness
+from benchmarks.compute import (
     deterministic,
-    dvc_repro,
-    harness,
     ingest_concurrency,
     memory_cap,
-    noop,
-    parallel_branches,
-    predict_batch,
     preprocess_pandas,
     preprocess_workers,
-    reference,
-    scale,
-    serve_latency,
-    sweep,
     torch_ddp,
     xgboost_dask,
 )
+from benchmarks.dvc import dvc_repro, scale, sweep
+from benchmarks.overhead import chain, noop, parallel_branches, reference
+from benchmarks.serve import predict_batch, serve_latency
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,

@@ -13,7 +13,7 @@ FastAPI, uvicorn, torch and XGBoost).
   with a per-version TypedDict (every feature present, no other field, finite numbers),
   the rows scored on FastAPI's thread pool, the model version in every answer, uvicorn's
   access log at INFO, a thread watching the registry for a new champion.
-- baseline: ``benchmarks/bare_service.py``: a FastAPI app whose ``POST /predict`` takes a
+- baseline: ``benchmarks/serve/bare_service.py``: a FastAPI app whose ``POST /predict`` takes a
   pydantic model ``rows: list[dict[str, float]]``, builds a DataFrame with the features in
   order and returns the scores; a plain ``def`` endpoint (FastAPI's thread pool), run with
   ``uvicorn.run(app, host, port)``: uvicorn's defaults, what ``uvicorn app:app`` gives.
@@ -62,8 +62,8 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
+from benchmarks.overhead.reference import conveyor_command, stop_group, trained_reference
 from benchmarks.projects import cli, median
-from benchmarks.reference import conveyor_command, stop_group, trained_reference
 
 NAME = "serve-latency"
 DESCRIPTION = "HTTP latency of conveyor serve-model vs a bare FastAPI app with the same model (1-row requests)"
@@ -422,7 +422,7 @@ def _result(base: list[Figures], cand: list[Figures], per_thread: int, card: Map
                        for name in ("httptools", "uvloop"))
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline="benchmarks/bare_service.py: FastAPI + pydantic `rows: list[dict[str, float]]`, the project's "
+        baseline="benchmarks/serve/bare_service.py: FastAPI + pydantic `rows: list[dict[str, float]]`, the project's "
                  "tasks.predict load/score, uvicorn.run with uvicorn's defaults",
         candidate="`conveyor serve-model --port 0` (per-version TypedDict validation, body limit, model version in "
                   "every answer, uvicorn access log)",

@@ -29,7 +29,7 @@ interpreter, imports, the flow run) can be told from the cost of one more stage:
 ``(T(50) - T(1)) / 49``. Expected bounds (the goals): at most 20 ms of orchestration per
 stage that runs; conveyor no slower than `dvc repro -f` (which starts an interpreter per
 stage) and within 1.5x the bare Prefect flow (the same bound as a no-op run against
-`dvc repro`, see ``benchmarks.noop``); against the loop, within the loop's time plus a
+`dvc repro`, see ``benchmarks.overhead.noop``); against the loop, within the loop's time plus a
 0.5 s start (the CLI's goal) plus 20 ms per stage.
 """
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.noop import CLI_GOAL_S
+from benchmarks.overhead.noop import CLI_GOAL_S
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
     chain_text,

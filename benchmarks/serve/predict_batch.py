@@ -10,7 +10,7 @@ functions, on the same parquet file of raw rows.
   LocalCluster of 2 single-threaded worker processes started for the job, the file read in
   partitions (``--partition-size`` default, 64 MiB), each worker loading the model once,
   the scores written in input order, the cluster closed.
-- baseline: ``benchmarks/plain_predict.py``: one process reads the whole file with pandas,
+- baseline: ``benchmarks/serve/plain_predict.py``: one process reads the whole file with pandas,
   loads the model with the spec's ``load``, scores every row in one call of its ``predict``,
   writes ``row`` and ``score``. Its libraries use the cores as they do by default (torch's
   intra-op threads, XGBoost's ``nthread``); Dask's workers run with one thread each.
@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved
+from benchmarks.overhead.reference import conveyor_command, execute, trained_reference
 from benchmarks.projects import median
-from benchmarks.reference import conveyor_command, execute, trained_reference
 
 NAME = "predict-batch"
 DESCRIPTION = "conveyor predict on a swarm of 2 workers vs one process (pandas) scoring the same file"

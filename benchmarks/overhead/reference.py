@@ -16,7 +16,7 @@ record's ``placement`` says so; a note lists it), so no Dask worker starts.
   and, as a second figure, with no ``PREFECT_API_URL``, so that every run starts and
   stops Prefect's temporary server itself (its ``PREFECT_HOME`` a temporary folder whose
   database one uncounted run created).
-- baseline: ``benchmarks/plain_reference.py``, the same work in one process with the same
+- baseline: ``benchmarks/overhead/plain_reference.py``, the same work in one process with the same
   libraries and no orchestrator (pandas instead of dask.dataframe, ``xgb.train`` with
   ``nthread=2`` instead of xgboost.dask on two one-thread workers, the same MLP, stack and
   metrics), in another fresh copy.
@@ -444,8 +444,8 @@ def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome]
     p = cand[0].test
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline="benchmarks/plain_reference.py: the same work in one process, no orchestrator (pandas, xgb.train "
-                 "nthread=2, the same MLP, stack, metrics)",
+        baseline="benchmarks/overhead/plain_reference.py: the same work in one process, no orchestrator (pandas, "
+                 "xgb.train nthread=2, the same MLP, stack, metrics)",
         candidate="`conveyor run --force` of configs/pipeline.yaml (Prefect flow, DVC record; the cpu profile's "
                   "in_process_below places preprocess and XGBoost)",
         repeats=len(base), metrics=[wall, rss, cold_wall, cold_rss],
@@ -453,8 +453,8 @@ def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome]
                           "for every run of either side (no outs, no .conveyor state)",
                "data": f"scikit-learn's breast-cancer CSV, {cand[0].raw.shape[0]} rows; splits "
                        f"{cand[0].stats['rows']}",
-               "plain script": "python benchmarks/plain_reference.py out --project . in its copy: params.yaml and "
-                               "tasks/preprocess.py's pandas helpers of that copy",
+               "plain script": "python benchmarks/overhead/plain_reference.py out --project . in its copy: params.yaml "
+                               "and tasks/preprocess.py's pandas helpers of that copy",
                "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
                                      "first measurement (not measured); PREFECT_API_URL points conveyor at it",
                "prefect (rows 3-4)": "PREFECT_API_URL unset: each `conveyor run` starts its temporary server "

@@ -24,7 +24,7 @@ more than one worker's cap), 1, 2 and 4 million for xgboost (``--quick``: 250k, 
 
 Two tasks, each side a fresh process per measurement, sizes ascending:
 
-- preprocess. Baseline: ``benchmarks/plain_preprocess.py RAW OUT``, the same steps in one
+- preprocess. Baseline: ``benchmarks/compute/plain_preprocess.py RAW OUT``, the same steps in one
   pandas process (``preprocess-pandas``'s baseline). Candidate: ``tasks.preprocess:prepare``
   on a ``LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=C)``, started in the
   process before the clock. Input: synthetic HIGGS-shaped parquet parts (seed 42, one part
@@ -75,7 +75,7 @@ from benchmarks.harness import REPO, Config, Metric, Result, check, rows_label, 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from benchmarks.preprocess_pandas import Agreement, Outputs
+    from benchmarks.compute.preprocess_pandas import Agreement, Outputs
 
 NAME = "memory-cap"
 DESCRIPTION = ("under one memory cap per process: from which size one pandas/xgboost process no longer completes "
@@ -149,8 +149,8 @@ class _Watch(logging.Handler):
 
 
 def _prepare_on(client: Client, src: Path, out: Path, report: dict[str, Any]) -> None:
-    from benchmarks.preprocess_pandas import _Messages
-    from benchmarks.preprocess_workers import preprocess_context, warm_imports
+    from benchmarks.compute.preprocess_pandas import _Messages
+    from benchmarks.compute.preprocess_workers import preprocess_context, warm_imports
     from benchmarks.stages import current
     from tasks.preprocess import prepare
 
@@ -170,8 +170,8 @@ def _prepare_on(client: Client, src: Path, out: Path, report: dict[str, Any]) ->
 def _train_on(client: Client, src: Path, report: dict[str, Any]) -> None:
     import dask.dataframe as dd
 
+    from benchmarks.compute.xgboost_dask import LABEL, booster_params
     from benchmarks.stages import current
-    from benchmarks.xgboost_dask import LABEL, booster_params
     from conveyor.train.xgb import train_xgboost
 
     client.run(lambda: __import__("xgboost"))  # imported in the workers before the clock starts, as xgboost-dask
@@ -287,7 +287,7 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
     ``SAMPLE_S``. The whole group is SIGKILLed when a capped process goes over the terminate
     fraction of ``cap`` (``capped_all``: every process of the tree; else the one started: the
     Dask side's workers are their nannies' to stop) or after ``deadline`` + 60 s; reaped either way."""
-    from benchmarks.reference import process_rss, repo_env, stop_group
+    from benchmarks.overhead.reference import process_rss, repo_env, stop_group
 
     limit = terminate_fraction() * cap
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -345,21 +345,21 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
 def measure(task: str, side: str, rows: int, src: Path, out: Path, cap: int, deadline: float) -> Outcome:
     """One fresh process of ``side`` of ``task`` under ``cap``: preprocess reads raw parts in
     ``src`` and writes ``out/processed``; xgboost trains on the splits in ``src``."""
-    from benchmarks.preprocess_pandas import PLAIN
-    from benchmarks.preprocess_workers import PARAMS
-    from benchmarks.xgboost_dask import PLAIN as XGB_TRAIN
+    from benchmarks.compute.preprocess_pandas import PLAIN
+    from benchmarks.compute.preprocess_workers import PARAMS
+    from benchmarks.compute.xgboost_dask import PLAIN as XGB_TRAIN
 
     out.mkdir(parents=True)
     outcome = Outcome(task, side, rows, out)
     if side == CLUSTER:
-        args = side_command("benchmarks.memory_cap", task, str(cap), str(deadline), str(src), str(out))
+        args = side_command("benchmarks.compute.memory_cap", task, str(cap), str(deadline), str(src), str(out))
     elif task == PREPROCESS:
         params = PARAMS[PREPROCESS]
         args = [sys.executable, str(PLAIN), str(src), str(out / "processed"), "--label", str(params["label"]),
                 "--valid", str(params["valid_fraction"]), "--test", str(params["test_fraction"]),
                 "--seed", str(PARAMS["seed"])]
     else:
-        args = side_command("benchmarks.xgboost_dask", XGB_TRAIN, str(src), str(out / "predictions.npy"))
+        args = side_command("benchmarks.compute.xgboost_dask", XGB_TRAIN, str(src), str(out / "predictions.npy"))
     launch(outcome, args, cap, deadline, capped_all=side == SINGLE)
     if outcome.completed and task == PREPROCESS and side == SINGLE:
         check(outcome.report["forbidden"] == [], f"pandas: the plain script imported {outcome.report['forbidden']}")
@@ -394,8 +394,8 @@ class Measured:
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    from benchmarks.preprocess_pandas import Agreement, parts_for
-    from benchmarks.preprocess_workers import generate
+    from benchmarks.compute.preprocess_pandas import Agreement, parts_for
+    from benchmarks.compute.preprocess_workers import generate
 
     cap = QUICK_CAP if config.quick else FULL_CAP
     preprocess_sizes = QUICK_PREPROCESS if config.quick else FULL_PREPROCESS
@@ -442,7 +442,7 @@ def _preprocess(one: Callable[[str, str, int, Path], Outcome], measured: Measure
                 raw: Path, repeats: int) -> Path | None:
     """Both sides of preprocess at ``rows``, ``repeats`` times, alternating; checks what they wrote.
     Where a completed Dask run wrote its splits (for xgboost), else None."""
-    from benchmarks.preprocess_pandas import compare, observe
+    from benchmarks.compute.preprocess_pandas import compare, observe
 
     reference: list[Outputs] = []
     kept: Path | None = None
@@ -472,7 +472,7 @@ def _preprocess(one: Callable[[str, str, int, Path], Outcome], measured: Measure
 def _xgboost(one: Callable[[str, str, int, Path], Outcome], measured: Measured, rows: int, processed: Path,
              repeats: int) -> None:
     """Both sides of xgboost on the splits in ``processed``, ``repeats`` times, alternating."""
-    from benchmarks.xgboost_dask import QUALITY
+    from benchmarks.compute.xgboost_dask import QUALITY
 
     for i in range(repeats):
         for side in (SINGLE, CLUSTER) if i % 2 == 0 else (CLUSTER, SINGLE):
@@ -501,8 +501,8 @@ def _values(runs: list[Outcome], what: Callable[[Outcome], float]) -> list[float
 
 
 def _result(config: Config, repeats: int, measured: Measured, agreement: Agreement) -> Result:
-    from benchmarks.preprocess_pandas import parts_for
-    from benchmarks.xgboost_dask import QUALITY, booster_params
+    from benchmarks.compute.preprocess_pandas import parts_for
+    from benchmarks.compute.xgboost_dask import QUALITY, booster_params
 
     cap = measured.cap
     metrics: list[Metric] = []
@@ -530,7 +530,7 @@ def _result(config: Config, repeats: int, measured: Measured, agreement: Agreeme
                      for rows, mib in sorted(measured.raw_mib.items()))
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline="one process: pandas (`benchmarks/plain_preprocess.py`) for preprocess; "
+        baseline="one process: pandas (`benchmarks/compute/plain_preprocess.py`) for preprocess; "
                  "train_xgboost(None, ...) = xgb.train(nthread=2) for xgboost",
         candidate=f"a LocalCluster(n_workers={WORKERS}, threads_per_worker=1, memory_limit={_cap(cap)}): "
                   "tasks.preprocess:prepare; train_xgboost(client, ...) = xgboost.dask",
@@ -547,15 +547,15 @@ def _result(config: Config, repeats: int, measured: Measured, agreement: Agreeme
                           "or replaced is stopped at once and counts as not completed",
                "data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features, int64 "
                        f"label), one parquet part per 62,500 rows: {data}",
-               "preprocess": "pandas: benchmarks/plain_preprocess.py RAW OUT (label target, valid 0.15, test 0.2, "
-                             "seed 42); Dask: prepare(ctx) with the cluster as the current client, the task's modules "
-                             "imported in the workers before the clock",
+               "preprocess": "pandas: benchmarks/compute/plain_preprocess.py RAW OUT (label target, valid 0.15, test "
+                             "0.2, seed 42); Dask: prepare(ctx) with the cluster as the current client, the task's "
+                             "modules imported in the workers before the clock",
                "xgboost": "input: the splits the Dask preprocess wrote at that size (standardised float64, parts of "
                           "about 40,000 rows)"
                           + (f", prepared on an uncapped cluster at {measured.prepared_uncapped} rows"
                              if measured.prepared_uncapped else "")
                           + f"; params (booster, rounds, patience): {json.dumps(booster_params(None))}; xgb.train "
-                          "with nthread 2 (benchmarks/xgboost_dask.py's baseline side, unchanged)",
+                          "with nthread 2 (benchmarks/compute/xgboost_dask.py's baseline side, unchanged)",
                "sizes": f"preprocess {', '.join(f'{r:,}' for r in measured.sizes(PREPROCESS))} rows; xgboost "
                         f"{', '.join(f'{r:,}' for r in measured.sizes(XGBOOST))} rows; ascending",
                "repetitions": f"{repeats} per size and side (whether a run completes does not depend on the load as "

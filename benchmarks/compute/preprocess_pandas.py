@@ -8,7 +8,7 @@ imports done before the clock starts), on synthetic HIGGS-shaped parquet parts
 (``conveyor.ingest.synthetic``, seed 42, as ``preprocess-workers`` generates them; one part
 per 62,500 rows: 16 parts at 1,000,000 rows):
 
-- baseline, pandas: ``benchmarks/plain_preprocess.py``: every part read with pandas into
+- baseline, pandas: ``benchmarks/compute/plain_preprocess.py``: every part read with pandas into
   one frame, then the task's own per-partition helpers (split keys, cut points, tagging,
   statistics, standardising) applied to the whole frame, one ``part-00000.parquet`` per
   split and stats.json written with the task's ``_summary``. No dask, no conveyor.
@@ -108,7 +108,7 @@ def side_main(argv: list[str]) -> int:
     side, raw, out = argv[0], Path(argv[1]).resolve(), Path(argv[2]).resolve()
     if side not in (IN_PROCESS, *CLUSTERS):
         raise SystemExit(f"preprocess_pandas: unknown side {side!r}, expected {IN_PROCESS}, {', '.join(CLUSTERS)}")
-    from benchmarks.preprocess_workers import cpu_worker_env, preprocess_context, start_cluster, warm_imports
+    from benchmarks.compute.preprocess_workers import cpu_worker_env, preprocess_context, start_cluster, warm_imports
     from benchmarks.stages import current
     from tasks.preprocess import prepare
 
@@ -238,8 +238,8 @@ class Size:
 
 def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
     """One fresh process of ``side`` on ``raw``, writing ``out``."""
-    from benchmarks.preprocess_workers import PARAMS
-    from benchmarks.reference import execute
+    from benchmarks.compute.preprocess_workers import PARAMS
+    from benchmarks.overhead.reference import execute
 
     if side == PANDAS:
         params = PARAMS["preprocess"]
@@ -247,7 +247,7 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
                 "--valid", str(params["valid_fraction"]), "--test", str(params["test_fraction"]),
                 "--seed", str(PARAMS["seed"])]
     else:
-        args = side_command("benchmarks.preprocess_pandas", side, str(raw), str(out))
+        args = side_command("benchmarks.compute.preprocess_pandas", side, str(raw), str(out))
     wall, peak, stdout = execute(args, REPO, env, side)
     report = side_report(stdout, side)
     if side == PANDAS:
@@ -256,8 +256,8 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    from benchmarks.preprocess_workers import generate
-    from benchmarks.reference import repo_env
+    from benchmarks.compute.preprocess_workers import generate
+    from benchmarks.overhead.reference import repo_env
 
     sizes = QUICK_SIZES if config.quick else FULL_SIZES
     repeats = config.reps(full=3, quick=1)
@@ -315,7 +315,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
 
 def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreement) -> Result:
-    from benchmarks.preprocess_workers import cpu_worker_env
+    from benchmarks.compute.preprocess_workers import cpu_worker_env
 
     metrics: list[Metric] = []
     ratios: dict[int, float] = {}
@@ -336,7 +336,7 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
                            [r.peak_mib for r in size.runs[CLUSTER]], digits=0)]
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline="pandas: `python benchmarks/plain_preprocess.py`, the same steps on one frame in one process",
+        baseline="pandas: `python benchmarks/compute/plain_preprocess.py`, the same steps on one frame in one process",
         candidate="tasks.preprocess:prepare in a fresh process, in process (ctx.client None) or on a 2-worker "
                   "LocalCluster started beforehand, as each metric says",
         repeats=repeats, metrics=metrics,

@@ -29,7 +29,7 @@ so an implementation that starts its embedded server (seconds) is measured with 
 Expected bounds (the goals): a no-op `conveyor run` within 1.5x the no-op `dvc repro` of
 the same project (ratio column >= 0.67); at most 2 ms per skipped stage; `conveyor --help`
 and `conveyor validate` (in the reference copy) under 0.5 s each, reported against
-`dvc --help` and `dvc status`. The helpers at the top are shared with ``benchmarks.chain``.
+`dvc --help` and `dvc status`. The helpers at the top are shared with ``benchmarks.overhead.chain``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ CLI_GOAL_S = 0.5  # conveyor --help, conveyor validate
 FIRST_RUN_TIMEOUT_S = 1800  # the reference project's first (training) run
 
 
-# --- shared with benchmarks.chain -------------------------------------------------------
+# --- shared with benchmarks.overhead.chain -------------------------------------------------------
 
 
 # --- the projects -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ sources, interleaved with the same call on 1 source, whose wall less the latency
 requests waited (one after the other) is the start-up. Efficiency = ideal / (wall - start-up),
 per repetition. The server notes when each request arrives, which tells where the wall
 goes: listing (a HEAD per source), transfers (a GET per source), and what follows the last
-response. ``python -m benchmarks.ingest_concurrency [--quick]`` runs this part alone (table
+response. ``python -m benchmarks.compute.ingest_concurrency [--quick]`` runs this part alone (table
 and notes to stdout, no result file).
 """
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.compute.latency_server import LatencyServer
 from benchmarks.harness import Config, Metric, Result, check, interleaved, table, timed
-from benchmarks.latency_server import LatencyServer
 from benchmarks.stages import context, digest, read_parts
 
 NAME = "ingest-concurrency"
@@ -263,11 +263,11 @@ def goal_notes(goal: Goal) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.ingest_concurrency [--quick]``: the goal measurement alone; table and
+    """``python -m benchmarks.compute.ingest_concurrency [--quick]``: the goal measurement alone; table and
     notes to stdout, no result file."""
     args = list(sys.argv[1:] if argv is None else argv)
     if any(arg != "--quick" for arg in args):
-        print("usage: python -m benchmarks.ingest_concurrency [--quick]", file=sys.stderr)
+        print("usage: python -m benchmarks.compute.ingest_concurrency [--quick]", file=sys.stderr)
         return 2
     goal = measure_goal(Config(quick="--quick" in args), lambda line: print(line, file=sys.stderr, flush=True))
     result = Result(name=f"{NAME} (goal)", description=DESCRIPTION, baseline="", candidate="",

@@ -14,7 +14,7 @@ with a hand-built StageContext (as the runner builds it), each measurement in a 
   batch is split over the ranks (512 rows each), and DDP averages their gradients.
 
 Data: synthetic HIGGS-shaped rows (``conveyor.ingest.synthetic``, seed 42), split and
-standardised once per size by ``benchmarks/plain_preprocess.py`` (not timed). Params: the
+standardised once per size by ``benchmarks/compute/plain_preprocess.py`` (not timed). Params: the
 MLP of the scale pipeline (params.yaml ``scale.train.mlp``, the reference section for
 HIGGS-shaped data: hidden [64, 32], Adam, global batch 1024; ``train.mlp``'s batch of 32 is
 sized for the 569-row reference data) with ``max_epochs`` and ``patience`` both ``EPOCHS``, so
@@ -27,7 +27,7 @@ writing the model and metrics; for DDP also the rendezvous, each rank reading th
 each worker's first import of ``torch._dynamo`` (DDP's constructor imports it) and the check
 that the ranks agree. The whole process's wall and the peak RSS of its process tree (the
 command and its descendants: the nannies and workers; sampled from /proc every 100 ms, as in
-``benchmarks/reference.py``) are the other two metrics.
+``benchmarks/overhead/reference.py``) are the other two metrics.
 
 Before any ratio: every process exits 0 and leaves nothing running; each side trained
 exactly ``EPOCHS`` epochs to a finite best valid loss below its initial one, with the same
@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.compute.preprocess_workers import cpu_worker_env
 from benchmarks.harness import (
     REPO,
     Config,
@@ -68,7 +69,6 @@ from benchmarks.harness import (
     side_report,
     timed,
 )
-from benchmarks.preprocess_workers import cpu_worker_env
 
 if TYPE_CHECKING:
     import numpy as np
@@ -224,10 +224,10 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: 
     """One fresh process of ``side`` training on ``processed``; what it wrote in ``out`` is read and removed."""
     import numpy as np
 
-    from benchmarks.reference import execute
+    from benchmarks.overhead.reference import execute
     from tasks import models
 
-    args = side_command("benchmarks.torch_ddp", side, str(processed), str(out),
+    args = side_command("benchmarks.compute.torch_ddp", side, str(processed), str(out),
                         *([] if hidden is None else [json.dumps(hidden)]))
     wall, peak, stdout = execute(args, REPO, env, side)
     report = side_report(stdout, side)
@@ -247,9 +247,9 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: 
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    from benchmarks.plain_preprocess import preprocess
-    from benchmarks.preprocess_workers import generate
-    from benchmarks.reference import repo_env
+    from benchmarks.compute.plain_preprocess import preprocess
+    from benchmarks.compute.preprocess_workers import generate
+    from benchmarks.overhead.reference import repo_env
 
     sizes = QUICK_SIZES if config.quick else SIZES
     repeats = config.reps(full=3, quick=2)
@@ -331,7 +331,7 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
                   "through conveyor.train.ddp.run_ddp, one gloo rank per worker, 1 torch thread each",
         repeats=repeats, metrics=metrics,
         setup={"data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features), split "
-                       "and standardised by benchmarks/plain_preprocess.py (not timed): "
+                       "and standardised by benchmarks/compute/plain_preprocess.py (not timed): "
                        + "; ".join(f"{n:,} rows: {split}" for n, split in {s.rows: s.splits for s in sizes}.items()),
                "params": f"train.mlp = params.yaml scale.train.mlp with max_epochs and patience {EPOCHS} (exactly "
                          f"{EPOCHS} epochs, best weights kept): {json.dumps(params)}; seed {seed}; the wide model: "
