@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -84,6 +85,18 @@ class Metric:
             return [b / c if c else float("nan") for b, c in pairs]
         return [c / b if b else float("nan") for b, c in pairs]
 
+    def share(self) -> float:
+        """Median over repetitions of candidate / baseline: how many times the peer's figure conveyor's is."""
+        return median([c / b for b, c in zip(self.baseline, self.candidate, strict=True)])
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
 
 @dataclass
 class Result:
@@ -103,18 +116,24 @@ class Result:
     pressure: tuple[str, str] | None = None  # CPU pressure (PSI) before/after, where the kernel reports it
 
 
-def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[[int], T],
-                log: Callable[[str], None] = lambda _line: None) -> tuple[list[T], list[T]]:
+def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[[int], U],
+                log: Callable[[str], None] = lambda _line: None) -> tuple[list[T], list[U]]:
     """``repeats`` runs of each side, interleaved: B C, then C B, then B C... so that a drift
     of the machine's load over time hits both sides alike. Each callable gets the repetition."""
     base: list[T] = []
-    cand: list[T] = []
+    cand: list[U] = []
+
+    def run_baseline(i: int) -> None:
+        base.append(baseline(i))
+        log(f"  repetition {i + 1}/{repeats} baseline: done")
+
+    def run_candidate(i: int) -> None:
+        cand.append(candidate(i))
+        log(f"  repetition {i + 1}/{repeats} candidate: done")
+
     for i in range(repeats):
-        sides: Sequence[tuple[str, Callable[[int], T], list[T]]] = [
-            ("baseline", baseline, base), ("candidate", candidate, cand)]
-        for side, fn, into in sides if i % 2 == 0 else list(reversed(sides)):
-            into.append(fn(i))
-            log(f"  repetition {i + 1}/{repeats} {side}: done")
+        for step in (run_baseline, run_candidate) if i % 2 == 0 else (run_candidate, run_baseline):
+            step(i)
     return base, cand
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.compute.latency_server import LatencyServer
-from benchmarks.harness import Config, Metric, Result, check, interleaved, table, timed
+from benchmarks.harness import Config, Metric, Result, check, interleaved, met, table, timed
 from benchmarks.stages import context, digest, read_parts
 
 NAME = "ingest-concurrency"
@@ -178,10 +178,6 @@ def measure_goal(config: Config, log: Callable[[str], None]) -> Goal:
     return Goal(sum(map(len, files.values())) / GOAL_SOURCES / 1e3, one, many)
 
 
-def _met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def goal_metrics(goal: Goal) -> list[Metric]:
     """Two rows whose ratio column is the verdict: the wall against the goal's bound (>= 1: met), and
     the efficiency ideal / (wall - start-up) (>= GOAL_EFFICIENCY: met)."""
@@ -244,12 +240,12 @@ def goal_notes(goal: Goal) -> list[str]:
         f"goal verdict (medians): wall {wall:.3f} s; start-up {startup:.3f} s (the 1-source wall, {one_wall:.3f} s, "
         f"less the {first.requests} x {LATENCY_S:g} s its {first.requests} requests ({first.heads} HEAD, "
         f"{first.gets} GET) waited); bound {1 / GOAL_EFFICIENCY:g} x {GOAL_IDEAL_S:g} s + start-up = {bound:.3f} s: "
-        f"{_met(held)}; efficiency ideal / (wall - start-up) = {efficiency:.2f} (median of the repetitions'; goal "
-        f">= {GOAL_EFFICIENCY:.2f}): {_met(efficiency >= GOAL_EFFICIENCY)}",
+        f"{met(held)}; efficiency ideal / (wall - start-up) = {efficiency:.2f} (median of the repetitions'; goal "
+        f">= {GOAL_EFFICIENCY:.2f}): {met(efficiency >= GOAL_EFFICIENCY)}",
         f"goal, with the start-up taken as wall(1 source) - {LATENCY_S:g} s = {lenient_startup:.3f} s (one wait "
         f"subtracted: the 1-source call's other waits counted as start-up): bound {lenient_bound:.3f} s: "
-        f"{_met(lenient_held)}; efficiency "
-        f"{lenient_eff:.2f}: {_met(lenient_eff >= GOAL_EFFICIENCY)}",
+        f"{met(lenient_held)}; efficiency "
+        f"{lenient_eff:.2f}: {met(lenient_eff >= GOAL_EFFICIENCY)}",
         f"goal: conveyor makes {per_source:g} requests per source ({many.heads} HEAD, {many.gets} GET for "
         f"{GOAL_SOURCES} sources); if each kind waits its own {GOAL_ROUNDS} rounds, the latency alone is "
         f"{per_source:g} x {GOAL_IDEAL_S:g} s = {floor:.1f} s, so the efficiency against the goal's ideal (one "

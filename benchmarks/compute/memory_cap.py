@@ -8,7 +8,7 @@ process, from which number of rows does the single process no longer complete wh
 2-worker Dask cluster still does?
 
 The cap ``C`` is enforced alike on every process of both sides, with the rule Dask's nanny
-applies to its worker: a process whose RSS (``/proc/PID/status`` VmRSS) exceeds
+applies to its worker: a process whose RSS (psutil, the kernel's VmRSS) exceeds
 ``distributed.worker.memory.terminate`` (0.95) of ``C`` is killed, checked every
 ``SAMPLE_S``. The Dask workers get ``memory_limit=C``, so their nanny (in the client's
 process, its check made as frequent as the sampler's) restarts a worker above 0.95 C; the
@@ -287,7 +287,8 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
     ``SAMPLE_S``. The whole group is SIGKILLed when a capped process goes over the terminate
     fraction of ``cap`` (``capped_all``: every process of the tree; else the one started: the
     Dask side's workers are their nannies' to stop) or after ``deadline`` + 60 s; reaped either way."""
-    from benchmarks.overhead.reference import process_rss, repo_env, stop_group
+    from benchmarks.processes import stop_group, tree_rss
+    from benchmarks.projects import repo_env
 
     limit = terminate_fraction() * cap
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -296,7 +297,7 @@ def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capp
                                 start_new_session=True)
         try:
             while proc.poll() is None:
-                sizes = process_rss(proc.pid)
+                sizes = tree_rss(proc.pid)
                 root = sizes.pop(proc.pid, 0)
                 outcome.root = max(outcome.root, root)
                 outcome.others = max([outcome.others, *sizes.values()])
@@ -540,7 +541,7 @@ def _result(config: Config, repeats: int, measured: Measured, agreement: Agreeme
                       f"checked every {SAMPLE_S * 1000:.0f} ms: the workers by their nanny (memory_limit, "
                       f"distributed.worker.memory.terminate {fractions['terminate']:g}, monitor-interval "
                       f"{SAMPLE_S * 1000:.0f}ms), the single process and the Dask side's client process by this "
-                      "benchmark's sampler of /proc/PID/status (its process group SIGKILLed); no RLIMIT_AS/RLIMIT_DATA",
+                      "benchmark's sampler (psutil; its process group SIGKILLed); no RLIMIT_AS/RLIMIT_DATA",
                "workers": f"spill to disk from {fractions['target']:g}/{fractions['spill']:g} of the cap (managed/"
                           f"process memory), pause at {fractions['pause']:g}, restarted by the nanny above "
                           f"{fractions['terminate']:g} (Dask's defaults); a run during which a worker was restarted "

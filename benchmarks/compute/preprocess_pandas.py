@@ -239,7 +239,7 @@ class Size:
 def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
     """One fresh process of ``side`` on ``raw``, writing ``out``."""
     from benchmarks.compute.preprocess_workers import PARAMS
-    from benchmarks.overhead.reference import execute
+    from benchmarks.projects import timed_cli
 
     if side == PANDAS:
         params = PARAMS["preprocess"]
@@ -248,7 +248,8 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
                 "--seed", str(PARAMS["seed"])]
     else:
         args = side_command("benchmarks.compute.preprocess_pandas", side, str(raw), str(out))
-    wall, peak, stdout = execute(args, REPO, env, side)
+    done = timed_cli(args, REPO, env, memory=True)
+    wall, peak, stdout = done.seconds, done.peak_mib, done.stdout
     report = side_report(stdout, side)
     if side == PANDAS:
         check(report["forbidden"] == [], f"pandas: the plain script imported {report['forbidden']}")
@@ -257,7 +258,7 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     from benchmarks.compute.preprocess_workers import generate
-    from benchmarks.overhead.reference import repo_env
+    from benchmarks.projects import repo_env
 
     sizes = QUICK_SIZES if config.quick else FULL_SIZES
     repeats = config.reps(full=3, quick=1)

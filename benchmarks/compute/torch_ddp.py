@@ -86,7 +86,6 @@ LABEL = "target"
 EPOCHS = 5  # max_epochs and patience: every run trains exactly this many epochs
 WORKERS = 2
 PLAIN, DDP = "one-process", "ddp"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def reference_params(hidden: list[int] | None = None) -> tuple[dict[str, Any], int]:
@@ -115,10 +114,11 @@ def _torch_threads() -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far (/proc/PID/stat utime + stime)."""
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    rest = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state is field 3, utime 14, stime 15
-    return (int(rest[11]) + int(rest[12])) / CLOCK_TICKS
+    """User and system CPU seconds of process ``pid`` so far (psutil)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def side_main(argv: list[str]) -> int:
@@ -224,12 +224,13 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: 
     """One fresh process of ``side`` training on ``processed``; what it wrote in ``out`` is read and removed."""
     import numpy as np
 
-    from benchmarks.overhead.reference import execute
+    from benchmarks.projects import timed_cli
     from tasks import models
 
     args = side_command("benchmarks.compute.torch_ddp", side, str(processed), str(out),
                         *([] if hidden is None else [json.dumps(hidden)]))
-    wall, peak, stdout = execute(args, REPO, env, side)
+    done = timed_cli(args, REPO, env, memory=True)
+    wall, peak, stdout = done.seconds, done.peak_mib, done.stdout
     report = side_report(stdout, side)
     metrics = report["metrics"]
     check(metrics["epochs"] == EPOCHS, f"{side}: trained {metrics['epochs']} epochs, expected {EPOCHS}")
@@ -249,7 +250,7 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     from benchmarks.compute.plain_preprocess import preprocess
     from benchmarks.compute.preprocess_workers import generate
-    from benchmarks.overhead.reference import repo_env
+    from benchmarks.projects import repo_env
 
     sizes = QUICK_SIZES if config.quick else SIZES
     repeats = config.reps(full=3, quick=2)

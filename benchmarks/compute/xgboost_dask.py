@@ -115,7 +115,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     import numpy as np
 
     from benchmarks.compute.preprocess_workers import generate, preprocess_context
-    from benchmarks.overhead.reference import execute, repo_env
+    from benchmarks.projects import repo_env, timed_cli
     from tasks.preprocess import load_stats, prepare
 
     rows = QUICK_ROWS if config.quick else ROWS
@@ -139,7 +139,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             predictions = root / f"predictions-{counter[0]}.npy"
             args = side_command("benchmarks.compute.xgboost_dask", side, str(root / "processed"), str(predictions),
                                 *([] if rounds is None else [str(rounds)]))
-            seconds, mib, stdout = execute(args, REPO, repo_env(), side)
+            done = timed_cli(args, REPO, repo_env(), memory=True)
+            seconds, mib, stdout = done.seconds, done.peak_mib, done.stdout
             report = side_report(stdout, side)
             report["predictions"] = np.load(predictions)
             (reports if rounds is None else profile)[side].append(report)

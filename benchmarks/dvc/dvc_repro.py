@@ -37,7 +37,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,9 +46,10 @@ from typing import Any
 
 import yaml
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import leftovers
+from benchmarks.processes import leftovers
+from benchmarks.projects import Copies, base_env, cli, make_repo, no_server_env, server_env, timed_cli
 
 NAME = "dvc-repro"
 DESCRIPTION = "conveyor run vs dvc repro on the same hand-written dvc.yaml (4 independent branches)"
@@ -113,28 +113,9 @@ def dvc_yaml(sleep_s: float) -> str:
                            branch_deps=", ".join(outs))
 
 
-def _quiet_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {**env, "DVC_NO_ANALYTICS": "1", "COLUMNS": "160"}
-
-
-def _cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, cwd=cwd, env=_quiet_env(env), capture_output=True, text=True, timeout=600)
-    check(proc.returncode == 0, f"`{' '.join(args)}` in {cwd} exited {proc.returncode}:\n"
-                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
 def make_template(root: Path, sleep_s: float) -> None:
     """The pristine project every run copies: a git repository, `dvc init`, the dvc.yaml, one commit."""
-    root.mkdir(parents=True)
-    env = dict(os.environ)
-    _cli(["git", "init", "-q"], root, env)
-    _cli(["dvc", "init", "-q"], root, env)
-    (root / "dvc.yaml").write_text(dvc_yaml(sleep_s))
-    (root / PLACED).parent.mkdir()
-    (root / PLACED).write_text(PLACED_SPEC)
-    _cli(["git", "add", "-A"], root, env)
-    _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "dvc.yaml"], root, env)
+    make_repo(root, {"dvc.yaml": dvc_yaml(sleep_s), PLACED: PLACED_SPEC}, dvc=True)
 
 
 def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
@@ -149,7 +130,7 @@ def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
 
 def observe(workdir: Path, env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
     """After a run: `dvc status` is clean; the outs, dvc.lock (parsed) and every .gitignore."""
-    status = _cli(["dvc", "status"], workdir, env)
+    status = cli(["dvc", "status"], workdir, env)
     check(UP_TO_DATE in status.stdout, f"`dvc status` in {workdir.name} is not clean:\n{status.stdout[-3000:]}")
     missing = [out for out in OUTS if not (workdir / out).is_file()]
     check(not missing, f"{workdir.name}: outs missing after the run: {missing}")
@@ -191,21 +172,15 @@ def _record(workdir: Path) -> Recorded:
 
 
 class Twins:
-    """Fresh copies of the template, one per run, removed once observed."""
+    """Each run in a fresh copy of the template, timed by hyperfine, observed, removed."""
 
     def __init__(self, template: Path, scratch: Path) -> None:
-        self.template, self.scratch, self.count = template, scratch, 0
+        self.template, self.copies = template, Copies(scratch)
 
     def run(self, side: str, args: list[str], env: Mapping[str, str]) -> Outcome:
-        self.count += 1
-        workdir = self.scratch / f"{self.count:03d}-{side}"
-        shutil.copytree(self.template, workdir, symlinks=True)
-        try:
+        with self.copies.fresh(self.template, side) as workdir:
             began = datetime.now(UTC)
-            seconds, proc = timed(lambda: subprocess.run(args, cwd=workdir, env=_quiet_env(env), capture_output=True,
-                                                         text=True, timeout=600))
-            check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
-                                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            seconds = timed_cli(args, workdir, env).seconds
             outs, lock, ignores = observe(workdir, env)
             if args[0] != "conveyor":
                 return Outcome(seconds, outs, lock, ignores)
@@ -213,8 +188,6 @@ class Twins:
             before, flow = (rec.started - began).total_seconds(), (rec.finished - rec.started).total_seconds()
             return Outcome(seconds, outs, lock, ignores, (before, flow, seconds - before - flow), rec.branch_s,
                            rec.at_once)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def check_same(base: list[Outcome], cand: list[Outcome], what: str) -> None:
@@ -229,12 +202,6 @@ def check_same(base: list[Outcome], cand: list[Outcome], what: str) -> None:
                                          for s in lock_diff))
         check(b.gitignores == c.gitignores, f"{what}, repetition {i}: .gitignore files differ: dvc repro "
                                             f"{b.gitignores} vs conveyor {c.gitignores}")
-
-
-def _cold_env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    return env
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
@@ -252,18 +219,19 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         with PrefectServer() as server:
             log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
             log(f"{NAME}: warm-up (one conveyor run on the server, not counted)")
-            twins.run("warm-up", conveyor, server.env)
+            env = server_env(server)
+            twins.run("warm-up", conveyor, env)
             log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
-            base, cand = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
-                                     lambda _i: twins.run("conveyor", conveyor, server.env), log)
+            base, cand = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, env),
+                                     lambda _i: twins.run("conveyor", conveyor, env), log)
             log(f"{NAME}: {repeats} interleaved repetitions, conveyor with the branches placed on a threads "
                 f"profile ({PLACED})")
-            placed = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
-                                 lambda _i: twins.run("conveyor-placed", [*conveyor, "-c", PLACED], server.env), log)
+            placed = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, env),
+                                 lambda _i: twins.run("conveyor-placed", [*conveyor, "-c", PLACED], env), log)
             startup_s = server.startup_s
 
         def cold(_i: int) -> Outcome:
-            outcome = twins.run("conveyor-cold", conveyor, _cold_env(cold_home))
+            outcome = twins.run("conveyor-cold", conveyor, no_server_env(cold_home))
             left = leftovers(cold_home)
             check(not left, f"conveyor run left processes of its embedded Prefect server running 10 s after it "
                             f"exited (pids {left}, killed)")
@@ -272,7 +240,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         log(f"{NAME}: cold: one conveyor run with the embedded server to create its database, not counted")
         cold(0)
         log(f"{NAME}: {cold_repeats} interleaved repetitions, conveyor with its embedded server")
-        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: twins.run("dvc-repro", repro, os.environ),
+        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: twins.run("dvc-repro", repro, base_env()),
                                            cold, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -351,12 +319,7 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                f"{cold_after:.2f} s after it (starting and stopping the server on top of the above)",
                f"conveyor's branch stages took their sleep plus median {extra[len(extra) // 2]:.2f} s, max "
                f"{extra[-1]:.2f} s (the shell, DVC's hashing and recording, Prefect's task run)",
-               f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {_share(wall):.2f} with "
-               f"the shared server, {_share(cold_wall):.2f} with the embedded one, {_share(placed_wall):.2f} with "
+               f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {wall.share():.2f} with "
+               f"the shared server, {cold_wall.share():.2f} with the embedded one, {placed_wall.share():.2f} with "
                f"the branches placed on a threads profile"],
     )
-
-
-def _share(metric: Metric) -> float:
-    """Median over repetitions of candidate / baseline (the fraction of dvc repro's time conveyor took)."""
-    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))

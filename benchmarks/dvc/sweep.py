@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import cli, make_repo, median, run_record, server_env, timed_cli
+from benchmarks.projects import cli, make_repo, run_record, server_env, timed_cli
 
 NAME = "sweep"
 DESCRIPTION = "a 4-item matrix of CPU-bound commands: conveyor run (one item per Dask worker) vs dvc repro"
@@ -97,7 +97,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
             def side(args: list[str]) -> Callable[[int], tuple[float, dict[str, Any]]]:
                 def once(_i: int) -> tuple[float, dict[str, Any]]:
-                    seconds, _ = timed_cli(args, root, env)
+                    seconds = timed_cli(args, root, env).seconds
                     check(UP_TO_DATE in cli(["dvc", "status"], root, env).stdout,
                           f"`dvc status` is not clean after `{' '.join(args)}`")
                     check(_outs(root) == reference, f"`{' '.join(args)}` wrote other outs than the warm-up")

@@ -29,13 +29,12 @@ so an implementation that starts its embedded server (seconds) is measured with 
 Expected bounds (the goals): a no-op `conveyor run` within 1.5x the no-op `dvc repro` of
 the same project (ratio column >= 0.67); at most 2 ms per skipped stage; `conveyor --help`
 and `conveyor validate` (in the reference copy) under 0.5 s each, reported against
-`dvc --help` and `dvc status`. The helpers at the top are shared with ``benchmarks.overhead.chain``.
+`dvc --help` and `dvc status`.
 """
 
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +43,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
+from benchmarks.commands import alternating
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
     base_env,
@@ -54,8 +54,6 @@ from benchmarks.projects import (
     cli,
     commit,
     make_repo,
-    median,
-    met,
     no_server_env,
     out,
     per_stage_ms,
@@ -73,9 +71,6 @@ NOOP_GOAL = 1.5  # a no-op conveyor run at most this many times the no-op dvc re
 SKIP_GOAL_MS = 2.0  # per skipped stage
 CLI_GOAL_S = 0.5  # conveyor --help, conveyor validate
 FIRST_RUN_TIMEOUT_S = 1800  # the reference project's first (training) run
-
-
-# --- shared with benchmarks.overhead.chain -------------------------------------------------------
 
 
 # --- the projects -----------------------------------------------------------------------
@@ -140,15 +135,15 @@ class Idle:
         self.lock = (self.root / "dvc.lock").read_bytes()
 
     def dvc(self) -> float:
-        seconds, proc = timed_cli(["dvc", "repro"], self.root, self.env)
-        check(UP_TO_DATE in proc.stdout, f"{self.root.name}: no-op `dvc repro` did not say {UP_TO_DATE!r}:\n"
-                                         f"{proc.stdout[-3000:]}")
+        run = timed_cli(["dvc", "repro"], self.root, self.env)
+        check(UP_TO_DATE in run.stdout, f"{self.root.name}: no-op `dvc repro` did not say {UP_TO_DATE!r}:\n"
+                                         f"{run.stdout[-3000:]}")
         self._unchanged("dvc repro")
-        return seconds
+        return run.seconds
 
     def conveyor(self) -> float:
         began = datetime.now(UTC)
-        seconds, _ = timed_cli(["conveyor", "run"], self.root, self.env)
+        seconds = timed_cli(["conveyor", "run"], self.root, self.env).seconds
         record = run_record(self.root)
         check(record.get("run_id") != self.run_id, f"{self.root.name}: `conveyor run` left the last run record as "
                                                    "it was")
@@ -278,8 +273,8 @@ def _chain_metrics(n: int, slope_n: int, base: list[dict[int, float]], cand: lis
         metrics.append(Metric(f"no-op run, {slope_n}-stage chain (s)", [b[slope_n] for b in base],
                               [c[slope_n] for c in cand]))
     conv_per = median(per.candidate)
-    notes += [f"no-op `conveyor run` / no-op `dvc repro` ({n} stages): median {_share(many):.2f}x "
-              f"(goal <= {NOOP_GOAL:g}x: {met(_share(many) <= NOOP_GOAL)}); 1 stage: {_share(one):.2f}x",
+    notes += [f"no-op `conveyor run` / no-op `dvc repro` ({n} stages): median {many.share():.2f}x "
+              f"(goal <= {NOOP_GOAL:g}x: {met(many.share() <= NOOP_GOAL)}); 1 stage: {one.share():.2f}x",
               f"per skipped stage: conveyor {conv_per:.1f} ms, dvc repro {median(per.baseline):.1f} ms (medians of "
               f"the per-repetition (T({slope_n}) - T(1)) / {slope_n - 1}); goal <= {SKIP_GOAL_MS:g} ms: "
               f"{met(conv_per <= SKIP_GOAL_MS)}"]
@@ -291,7 +286,7 @@ def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Ca
     log(f"{NAME}: reference: starting prefect server for its first run")
     with PrefectServer() as server:
         log(f"{NAME}: reference: first `conveyor run` (trains the models; not measured) on {server.url}")
-        seconds, _ = timed_cli(["conveyor", "run"], ref, server_env(server), timeout=FIRST_RUN_TIMEOUT_S)
+        seconds = timed_cli(["conveyor", "run"], ref, server_env(server), timeout=FIRST_RUN_TIMEOUT_S).seconds
     stages = _reference_stages(ref)
     check_record(run_record(ref), stages, "succeeded", "reference project, first run")
     idle = Idle(ref, stages, env, home)
@@ -304,21 +299,17 @@ def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Ca
     base, cand = interleaved(repeats, lambda _i: idle.dvc(), lambda _i: idle.conveyor(), log)
     metric = Metric(f"no-op run, reference project, {len(stages)} stages (s); goal: <= {NOOP_GOAL:g}x, ratio >= "
                     f"{1 / NOOP_GOAL:.2f}", base, cand)
-    notes += [f"reference project: no-op `conveyor run` / no-op `dvc repro` median {_share(metric):.2f}x (goal <= "
-              f"{NOOP_GOAL:g}x: {met(_share(metric) <= NOOP_GOAL)}); its first run (not measured) took {seconds:.0f} s",
+    notes += [f"reference project: no-op `conveyor run` / no-op `dvc repro` median {metric.share():.2f}x (goal <= "
+              f"{NOOP_GOAL:g}x: {met(metric.share() <= NOOP_GOAL)}); its first run (not measured) took {seconds:.0f} s",
               _phases("reference project", idle.phases)]
     return metric
 
 
 def _cli_metrics(ref: Path, env: dict[str, str], repeats: int, quick: bool, log: Callable[[str], None],
                  notes: list[str]) -> list[Metric]:
-    log(f"{NAME}: CLI start-up: {repeats} interleaved repetitions in the reference copy")
-    timed_cli(["conveyor", "--help"], ref, env)  # warm-up: the file cache
-    timed_cli(["conveyor", "validate"], ref, env)
-    help_b, help_c = interleaved(repeats, lambda _i: timed_cli(["dvc", "--help"], ref, env)[0],
-                                 lambda _i: timed_cli(["conveyor", "--help"], ref, env)[0], log)
-    val_b, val_c = interleaved(repeats, lambda _i: timed_cli(["dvc", "status"], ref, env)[0],
-                               lambda _i: timed_cli(["conveyor", "validate"], ref, env)[0], log)
+    log(f"{NAME}: CLI start-up: {repeats} interleaved repetitions in the reference copy (hyperfine)")
+    help_b, help_c = alternating(["dvc", "--help"], ["conveyor", "--help"], ref, env, repeats)
+    val_b, val_c = alternating(["dvc", "status"], ["conveyor", "validate"], ref, env, repeats)
     help_m = Metric(f"`conveyor --help` vs `dvc --help` (s); goal: <= {CLI_GOAL_S:g} s", help_b, help_c)
     val_m = Metric(f"`conveyor validate` vs `dvc status` (s); goal: <= {CLI_GOAL_S:g} s", val_b, val_c)
     state = "before any run (--quick: outs absent, so `dvc status` lists every stage)" if quick else "up to date"
@@ -328,11 +319,6 @@ def _cli_metrics(ref: Path, env: dict[str, str], repeats: int, quick: bool, log:
                      f"{max(m.candidate):.2f}); goal <= {CLI_GOAL_S:g} s: {met(median(m.candidate) <= CLI_GOAL_S)}; "
                      f"the dvc command beside it: median {median(m.baseline):.2f} s")
     return [help_m, val_m]
-
-
-def _share(metric: Metric) -> float:
-    """Median over repetitions of candidate / baseline (how many times dvc's time conveyor took)."""
-    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))
 
 
 def _phases(what: str, phases: list[tuple[float, float, float]]) -> str:

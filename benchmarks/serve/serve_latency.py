@@ -60,10 +60,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import psutil
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.overhead.reference import conveyor_command, stop_group, trained_reference
-from benchmarks.projects import cli, median
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median
+from benchmarks.overhead.reference import trained_reference
+from benchmarks.processes import MIB, stop_group
+from benchmarks.projects import cli, conveyor_command
 
 NAME = "serve-latency"
 DESCRIPTION = "HTTP latency of conveyor serve-model vs a bare FastAPI app with the same model (1-row requests)"
@@ -123,10 +125,8 @@ class Server:
                f"{self.stderr.read_text(errors='replace')[-2500:]}"
 
     def rss_mib(self) -> float:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+        with contextlib.suppress(psutil.Error):
+            return float(psutil.Process(self.proc.pid).memory_info().rss) / MIB
         return float("nan")
 
 
