@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             continue
         result.seconds = time.monotonic() - started
+        result.about = inspect.getdoc(BENCHMARKS[name]) or ""
         result.load = (load_before, os.getloadavg())
         result.pressure = (pressure_before, harness.cpu_pressure())
         path = harness.write_result(result, machine, quick=config.quick)

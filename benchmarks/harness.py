@@ -114,6 +114,7 @@ class Result:
     seconds: float = 0.0
     load: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None  # loadavg before/after
     pressure: tuple[str, str] | None = None  # CPU pressure (PSI) before/after, where the kernel reports it
+    about: str = ""  # the benchmark module's docstring: how it measures and what it checks
 
 
 def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[[int], U],
@@ -201,6 +202,8 @@ def report(result: Result, machine: str) -> str:
     ]
     if result.notes:
         parts += ["notes:", *(f"  - {line}" for line in result.notes)]
+    if result.about:
+        parts += ["how (the benchmark's docstring):", *(f"  {line}".rstrip() for line in result.about.splitlines())]
     parts += ["per repetition:", raw_values(result)]
     if result.load is not None:
         before, after = result.load
@@ -233,19 +236,6 @@ def cpu_pressure() -> str:
         return "n/a"
     fields = dict(item.split("=", 1) for item in line.split()[1:])
     return f"avg10 {fields.get('avg10', '?')}%, avg60 {fields.get('avg60', '?')}%"
-
-
-def _meminfo_gib() -> str:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return f"{int(line.split()[1]) / 2**20:.1f} GiB"
-    except OSError:
-        pass
-    try:
-        return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
-    except (ValueError, OSError, AttributeError):
-        return "unknown"
 
 
 def _cpu_model() -> str:
@@ -283,11 +273,12 @@ def _version(package: str) -> str:
 
 def machine() -> str:
     """The machine and software the numbers were taken on."""
+    import psutil
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
     return "\n".join([
         f"  cpu: {_cpu_model()}; {os.cpu_count()} logical cores ({affinity} usable by this process)",
-        f"  memory: {_meminfo_gib()}",
+        f"  memory: {psutil.virtual_memory().total / 2**30:.1f} GiB",
         f"  os: {platform.platform()}",
         f"  python: {sys.version.split()[0]} ({platform.python_implementation()}) at {sys.executable}",
         f"  packages: {versions}",

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import shutil
@@ -62,10 +61,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,7 +70,6 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.harness import REPO, Config, Metric, Result, check, rows_label, side_command, side_report
 
 if TYPE_CHECKING:
-    from distributed import Client
 
     from benchmarks.compute.preprocess_pandas import Agreement, Outputs
 
@@ -117,137 +113,6 @@ def _cap(n: int) -> str:
     return f"{n / GIB:g} GiB" if n >= GIB else f"{n / MIB:g} MiB"
 
 
-# --- the Dask side, in its own process ----------------------------------------------------
-
-
-class _Watch(logging.Handler):
-    """Ends the work at the first sign that it did not complete as measured: a warning of the
-    nannies (in this process: a worker restarted, or killed above its memory budget) or the
-    deadline. It records why and interrupts the main thread (SIGINT to this process: a
-    KeyboardInterrupt where the client waits on the cluster), which then closes the cluster."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.reasons: list[str] = []
-        self.armed = False
-        self._lock = threading.Lock()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stop(f"a worker was restarted: {record.name}: {record.getMessage()}")
-
-    def stop(self, reason: str) -> None:
-        with self._lock:
-            if not self.armed:
-                return
-            self.reasons.append(reason)
-            if len(self.reasons) == 1:
-                os.kill(os.getpid(), signal.SIGINT)
-
-    def disarm(self) -> None:
-        with self._lock:
-            self.armed = False
-
-
-def _prepare_on(client: Client, src: Path, out: Path, report: dict[str, Any]) -> None:
-    from benchmarks.compute.preprocess_pandas import _Messages
-    from benchmarks.compute.preprocess_workers import preprocess_context, warm_imports
-    from benchmarks.stages import current
-    from tasks.preprocess import prepare
-
-    client.run(warm_imports)
-    messages = _Messages()
-    logger = logging.getLogger(f"benchmarks.{PREPROCESS}")  # the ctx.log of benchmarks.stages.context
-    logger.addHandler(messages)
-    logger.setLevel(logging.INFO)
-    report["messages"] = messages.lines
-    ctx = preprocess_context(out, src, out / "processed", client, WORKERS)
-    began = time.perf_counter()
-    with current(client):
-        prepare(ctx)
-    report["seconds"] = time.perf_counter() - began
-
-
-def _train_on(client: Client, src: Path, report: dict[str, Any]) -> None:
-    import dask.dataframe as dd
-
-    from benchmarks.compute.xgboost_dask import LABEL, booster_params
-    from benchmarks.stages import current
-    from conveyor.train.xgb import train_xgboost
-
-    client.run(lambda: __import__("xgboost"))  # imported in the workers before the clock starts, as xgboost-dask
-    params, rounds, patience = booster_params(None)
-    split = {name: dd.read_parquet(str(src / name)) for name in ("train", "valid")}
-    features = [c for c in split["train"].columns if c != LABEL]
-    began = time.perf_counter()
-    with current(client):
-        trained = train_xgboost(client, params, split["train"], valid=split["valid"], label=LABEL, features=features,
-                                num_boost_round=rounds, early_stopping_rounds=patience)
-    report["seconds"] = time.perf_counter() - began
-    losses = trained.history["valid"]["logloss"]
-    report |= {"best_iteration": trained.best_iteration, "best_logloss": float(losses[trained.best_iteration]),
-               "rounds": trained.rounds, "n_workers": trained.n_workers}
-
-
-def side_main(argv: list[str]) -> int:
-    """``preprocess|xgboost CAP_BYTES DEADLINE_S SRC OUT``: the task once on a 2-worker LocalCluster
-    whose workers have ``memory_limit=CAP_BYTES``; print one JSON line.
-
-    preprocess reads raw parts from SRC and writes ``OUT/processed``; xgboost trains on the
-    splits in SRC. Spilled data goes to ``OUT/dask``. ``completed``: the work returned, no
-    worker was restarted or replaced, within the deadline; ``reason`` otherwise; ``seconds``:
-    the work alone; ``start``: the cluster up, both workers registered.
-    """
-    task, cap, deadline, src, out = argv[0], int(argv[1]), float(argv[2]), Path(argv[3]), Path(argv[4])
-    if task not in (PREPROCESS, XGBOOST):
-        raise SystemExit(f"memory_cap: unknown task {task!r}, expected {PREPROCESS} or {XGBOOST}")
-    began = time.perf_counter()
-    import dask
-    from distributed import Client, LocalCluster
-
-    dask.config.set({"distributed.worker.memory.monitor-interval": f"{round(SAMPLE_S * 1000)}ms"})
-    watch = _Watch()
-    logging.getLogger("distributed.nanny").addHandler(watch)
-    report: dict[str, Any] = {"task": task, "completed": False, "reason": ""}
-    timer = threading.Timer(deadline, lambda: watch.stop(f"still running at the deadline of {deadline:.0f} s"))
-    timer.daemon = True
-    try:
-        with ExitStack() as stack:
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=WORKERS, threads_per_worker=1, processes=True, memory_limit=cap, host="127.0.0.1",
-                dashboard_address=":0", scheduler_kwargs={"dashboard": False}, silence_logs=logging.WARNING,
-                local_directory=str(out / "dask")))
-            client: Client = stack.enter_context(Client(cluster, set_as_default=False))
-            client.wait_for_workers(WORKERS, timeout=120)
-            pids = client.run(os.getpid)
-            report["start"] = time.perf_counter() - began
-            watch.armed = True
-            timer.start()
-            if task == PREPROCESS:
-                _prepare_on(client, src, out, report)
-            else:
-                _train_on(client, src, report)
-            watch.disarm()
-            timer.cancel()
-            after = client.run(os.getpid)
-            replaced = sorted(set(after.values()) ^ set(pids.values()))
-            report["workers_pids"] = sorted(after.values())
-            if replaced:
-                watch.reasons.append(f"worker processes replaced while it ran (pids {replaced})")
-            report["completed"] = not watch.reasons
-            closing = time.perf_counter()
-        report["close"] = time.perf_counter() - closing
-    except KeyboardInterrupt:
-        report["interrupted"] = True
-    except Exception as exc:  # noqa: BLE001 - an error of the task on the capped cluster is an outcome, reported
-        watch.reasons.append(f"error: {type(exc).__name__}: {str(exc)[:300]}")
-    finally:
-        watch.disarm()
-        timer.cancel()
-    report["reason"] = "; ".join(watch.reasons)
-    print(json.dumps(report), flush=True)
-    return 0
-
-
 # --- one measurement, from outside ---------------------------------------------------------
 
 
@@ -283,43 +148,39 @@ class Outcome:
 
 
 def launch(outcome: Outcome, args: list[str], cap: int, deadline: float, *, capped_all: bool) -> Outcome:
-    """Run ``args`` in a process group of its own while sampling every process's RSS every
-    ``SAMPLE_S``. The whole group is SIGKILLed when a capped process goes over the terminate
-    fraction of ``cap`` (``capped_all``: every process of the tree; else the one started: the
-    Dask side's workers are their nannies' to stop) or after ``deadline`` + 60 s; reaped either way."""
-    from benchmarks.processes import stop_group, tree_rss
+    """Run ``args`` in a process group of its own, its tree's RSS sampled by psutil every ``SAMPLE_S``.
+    The whole group is SIGKILLed when a capped process goes over the terminate fraction of ``cap``
+    (``capped_all``: every process of the tree; else the one started: the Dask side's workers are
+    their nannies' to stop) or after ``deadline`` + 60 s; reaped either way."""
+    from benchmarks.processes import Sampler, stop_group
     from benchmarks.projects import repo_env
 
     limit = terminate_fraction() * cap
+    started = time.perf_counter()
+
+    def watch(sizes: dict[int, int]) -> None:
+        root = sizes.pop(proc.pid, 0)
+        outcome.root, outcome.others = max(outcome.root, root), max([outcome.others, *sizes.values()])
+        outcome.tree = max(outcome.tree, root + sum(sizes.values()))
+        largest = max([root, *sizes.values()] if capped_all else [root])
+        if largest > limit and not outcome.reason:
+            outcome.killed_at = time.perf_counter() - started
+            outcome.reason = (f"killed above the cap: a process at {_mib(largest)} > {terminate_fraction():g} x "
+                              f"{_cap(cap)} after {outcome.killed_at:.1f} s")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        started = time.perf_counter()
-        proc = subprocess.Popen(args, cwd=REPO, env=repo_env(), stdout=stdout, stderr=stderr,
-                                start_new_session=True)
-        try:
-            while proc.poll() is None:
-                sizes = tree_rss(proc.pid)
-                root = sizes.pop(proc.pid, 0)
-                outcome.root = max(outcome.root, root)
-                outcome.others = max([outcome.others, *sizes.values()])
-                outcome.tree = max(outcome.tree, root + sum(sizes.values()))
-                capped = [root, *sizes.values()] if capped_all else [root]
-                elapsed = time.perf_counter() - started
-                if max(capped) > limit:
-                    outcome.killed_at = elapsed
-                    outcome.reason = (f"killed above the cap: a process at {_mib(max(capped))} > "
-                                      f"{terminate_fraction():g} x {_cap(cap)} after {elapsed:.1f} s")
-                    break
-                if elapsed > deadline + 60:
-                    outcome.reason = f"killed: still running {elapsed:.0f} s after it started"
-                    break
-                time.sleep(SAMPLE_S)
-        finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            outcome.wall = time.perf_counter() - started
-            left = stop_group(proc.pid, grace_s=10)
+        proc = subprocess.Popen(args, cwd=REPO, env=repo_env(), stdout=stdout, stderr=stderr, start_new_session=True)
+        with Sampler(proc.pid, SAMPLE_S, on_sample=watch):
+            try:
+                proc.wait(timeout=deadline + 60)
+            except subprocess.TimeoutExpired:
+                outcome.reason = outcome.reason or f"killed: still running {deadline + 60:.0f} s after it started"
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        outcome.wall = time.perf_counter() - started
+        left = stop_group(proc.pid, grace_s=10)
         stdout.seek(0)
         stderr.seek(0)
         out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
@@ -353,7 +214,7 @@ def measure(task: str, side: str, rows: int, src: Path, out: Path, cap: int, dea
     out.mkdir(parents=True)
     outcome = Outcome(task, side, rows, out)
     if side == CLUSTER:
-        args = side_command("benchmarks.compute.memory_cap", task, str(cap), str(deadline), str(src), str(out))
+        args = side_command("benchmarks.compute.capped_cluster", task, str(cap), str(deadline), str(src), str(out))
     elif task == PREPROCESS:
         params = PARAMS[PREPROCESS]
         args = [sys.executable, str(PLAIN), str(src), str(out / "processed"), "--label", str(params["label"]),

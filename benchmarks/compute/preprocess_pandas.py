@@ -341,26 +341,8 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
         candidate="tasks.preprocess:prepare in a fresh process, in process (ctx.client None) or on a 2-worker "
                   "LocalCluster started beforehand, as each metric says",
         repeats=repeats, metrics=metrics,
-        setup={"data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features and an "
-                       "int64 label), one parquet part per 62,500 rows: "
-                       + ", ".join(f"{s.rows:,} rows in {s.parts} parts ({s.raw_mib:.0f} MiB)" for s in sizes),
-               "params": "preprocess.label target, valid_fraction 0.15, test_fraction 0.2, seed 42",
-               "pandas": "pd.read_parquet of the directory (pyarrow's threads), the task's helpers on the whole frame, "
-                         "one parquet part per split",
-               "in process": "prepare(ctx) with ctx.client None: dask's local scheduler in the process (sync where "
-                             "the task read the data at once, else its threads)",
-               "2 workers": f"LocalCluster(n_workers={WORKERS}, threads_per_worker=1, processes=True, host 127.0.0.1, "
-                            "memory_limit 6GiB) started in the process before the clock starts, the task's modules "
-                            "imported in the workers, closed after; the workers' environment as the cpu profile of "
-                            f"configs/scale.yaml sets it (worker_env {json.dumps(cpu_worker_env())})",
-               "2 workers in Dask's worker environment": "the same cluster, the workers' environment Dask's "
-                            "distributed.nanny.pre-spawn-environ as it ships (MALLOC_TRIM_THRESHOLD_ 65536, "
-                            "OMP/MKL/OpenBLAS threads 1)",
-               "timing": "the work only, timed inside each fresh process (imports, cluster start and stop excluded); "
-                         "sides rotate from one repetition to the next; one uncounted warm-up run of each side on "
-                         f"{WARM_UP_ROWS:,} rows first",
-               "memory": "summed RSS of the process and its descendants, sampled from /proc every 100 ms over the "
-                         "whole process (shared pages counted once per process)",
+        setup={"data": ", ".join(f"{s.rows:,} rows in {s.parts} parts ({s.raw_mib:.0f} MiB)" for s in sizes),
+               "2 workers' worker_env": json.dumps(cpu_worker_env()), "warm-up rows": f"{WARM_UP_ROWS:,}",
                "cores": str(os.cpu_count())},
         checks=["every process exited 0 and left no process of its group running",
                 "the pandas side imported none of dask, distributed, conveyor, prefect",

@@ -331,26 +331,9 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
         candidate=f"mlp_model with a LocalCluster(n_workers={WORKERS}, threads_per_worker=1) client: tasks.mlp_ddp "
                   "through conveyor.train.ddp.run_ddp, one gloo rank per worker, 1 torch thread each",
         repeats=repeats, metrics=metrics,
-        setup={"data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features), split "
-                       "and standardised by benchmarks/compute/plain_preprocess.py (not timed): "
-                       + "; ".join(f"{n:,} rows: {split}" for n, split in {s.rows: s.splits for s in sizes}.items()),
-               "params": f"train.mlp = params.yaml scale.train.mlp with max_epochs and patience {EPOCHS} (exactly "
-                         f"{EPOCHS} epochs, best weights kept): {json.dumps(params)}; seed {seed}; the wide model: "
-                         f"the same with hidden {WIDE}",
-               "one process": "torch.set_num_threads(2), deterministic kernels and a seeded RNG "
-                              "(tasks.train: deterministic_torch); shuffles with torch.randperm, batches of "
-                              f"{params['batch_size']}",
-               "ddp": f"LocalCluster(n_workers={WORKERS}, threads_per_worker=1, processes=True, host 127.0.0.1) "
-                      "started in the process before the clock (workers registered; torch and the task's modules "
-                      f"imported in them); gloo; DistributedSampler, {params['batch_size'] // WORKERS} rows per "
-                      "rank and step, gradients averaged by DDP; every rank reads the whole train split; the workers' "
-                      "environment as the cpu profile of configs/scale.yaml sets it (worker_env "
-                      f"{json.dumps(cpu_worker_env())})",
-               "timing": "the wall of mlp_model(ctx), timed inside each fresh process (reading the splits, training, "
-                         "writing model and metrics); the whole process's wall from outside; sides interleaved",
-               "memory": "summed RSS of the process and its descendants, sampled from /proc every 100 ms over the "
-                         "whole process (shared pages counted once per process)",
-               "cores": str(os.cpu_count())},
+        setup={"data": "; ".join(f"{n:,} rows: {split}" for n, split in {s.rows: s.splits for s in sizes}.items()),
+               "params": f"{json.dumps(params)}; seed {seed}; the wide model: hidden {WIDE}",
+               "workers' worker_env": json.dumps(cpu_worker_env()), "cores": str(os.cpu_count())},
         checks=["every process exited 0 and left no process of its group running",
                 f"each side trained exactly {EPOCHS} epochs to a finite best valid loss below its initial one",
                 "each side saved the same weights (SHA-256) on every repetition",

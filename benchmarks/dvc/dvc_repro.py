@@ -49,7 +49,17 @@ import yaml
 from benchmarks.harness import Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.processes import leftovers
-from benchmarks.projects import Copies, base_env, cli, make_repo, no_server_env, server_env, timed_cli
+from benchmarks.projects import (
+    Copies,
+    base_env,
+    cli,
+    make_repo,
+    no_server_env,
+    phases,
+    phases_note,
+    server_env,
+    timed_cli,
+)
 
 NAME = "dvc-repro"
 DESCRIPTION = "conveyor run vs dvc repro on the same hand-written dvc.yaml (4 independent branches)"
@@ -148,18 +158,8 @@ def _own_state(path: Path) -> bool:
     return bool({".git", ".dvc", ".conveyor"} & set(path.parts))
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """What conveyor's run record says of a run: the flow's span, the branches' durations, the most at once."""
-
-    started: datetime
-    finished: datetime
-    branch_s: tuple[float, ...]
-    at_once: int
-
-
-def _record(workdir: Path) -> Recorded:
-    """conveyor's run record of the run (``.conveyor/runs/latest.json``), checked: every stage ran."""
+def _record(workdir: Path) -> tuple[dict[str, Any], tuple[float, ...], int]:
+    """conveyor's run record (checked: every stage ran), its branches' durations and the most at once."""
     record: dict[str, Any] = json.loads((workdir / ".conveyor/runs/latest.json").read_text())
     stages = record["stages"]
     check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES)
@@ -167,8 +167,7 @@ def _record(workdir: Path) -> Recorded:
           f"{workdir.name}: not every stage ran: { {n: (s['status'], s.get('reason')) for n, s in stages.items()} }")
     spans = [(datetime.fromisoformat(stages[b]["started"]), datetime.fromisoformat(stages[b]["finished"]))
              for b in BRANCHES]
-    return Recorded(datetime.fromisoformat(record["started"]), datetime.fromisoformat(record["finished"]),
-                    tuple(float(stages[b]["duration_s"]) for b in BRANCHES), _max_overlap(spans))
+    return record, tuple(float(stages[b]["duration_s"]) for b in BRANCHES), _max_overlap(spans)
 
 
 class Twins:
@@ -184,10 +183,8 @@ class Twins:
             outs, lock, ignores = observe(workdir, env)
             if args[0] != "conveyor":
                 return Outcome(seconds, outs, lock, ignores)
-            rec = _record(workdir)
-            before, flow = (rec.started - began).total_seconds(), (rec.finished - rec.started).total_seconds()
-            return Outcome(seconds, outs, lock, ignores, (before, flow, seconds - before - flow), rec.branch_s,
-                           rec.at_once)
+            record, branch_s, at_once = _record(workdir)
+            return Outcome(seconds, outs, lock, ignores, phases(record, began, seconds), branch_s, at_once)
 
 
 def check_same(base: list[Outcome], cand: list[Outcome], what: str) -> None:
@@ -272,51 +269,29 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                                           f"expected all {len(ITEMS)}")
     bound = len(ITEMS) / math.ceil(len(ITEMS) / AT_ONCE)
     cand_wall = statistics.median(wall.candidate)
-    before, flow, after = (statistics.median(o.phases[k] for o in cand if o.phases) for k in range(3))
     extra = sorted(d - sleep_s for o in cand for d in o.branch_s)
-    cold_before, _, cold_after = (statistics.median(o.phases[k] for o in cold[1] if o.phases) for k in range(3))
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="`dvc repro` in a fresh copy of the project (one stage at a time)",
         candidate="`conveyor run` in another fresh copy of the same project (independent stages at once)",
         repeats=len(base), metrics=[wall, overhead, cold_wall, placed_wall],
-        setup={"dvc.yaml": f"prepare -> branch@{{{','.join(ITEMS)}}} (foreach) -> join; each branch runs "
-                           f"`sleep {sleep_s:g}` then writes its out from prepare's; prepare and join only write",
-               "twins": "one pristine project (git init, dvc init, dvc.yaml, one commit) copied afresh for "
-                        "every run of either side: no dvc.lock, no outs, no run cache",
+        setup={"sleep per branch": f"{sleep_s:g} s",
                "ideal": f"dvc repro sleeps {serial_sleep:g} s; conveyor {AT_ONCE} at once on {CORES} cores, "
                         f"{parallel_sleep:g} s: a wall ratio bound of {bound:.2f}x (before start-up costs)",
-               "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
-                                     "first measurement (not measured); PREFECT_API_URL points conveyor at it",
-               "prefect (row 3)": "PREFECT_API_URL unset: each `conveyor run` starts its embedded server "
-                                  "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
-                                  f"{len(cold[0])} repetition(s), each with its own dvc repro run",
-               "warm-up": "one conveyor run on the shared server, not counted (the first flow run registers "
-                          "the flow)",
-               "placed (row 4)": f"`conveyor run -c {PLACED}`: the same dvc.yaml, its branches placed on a threads "
-                                 f"profile of max_workers {len(ITEMS)} (stages that wait need no core each; a stage "
-                                 f"with no profile counts against the {CORES} cores), each repetition with its own "
-                                 "dvc repro run"},
-        checks=["every run exited 0",
-                f"after every run `dvc status` printed {UP_TO_DATE!r}",
-                f"every out ({', '.join(OUTS)}) exists and is equal on both sides of each repetition",
-                "dvc.lock parsed as YAML: schema and every stage entry equal on both sides (stage order aside)",
-                "the .gitignore files DVC writes for outs list the same paths on both sides (conveyor's own "
-                ".conveyor/.gitignore aside)",
-                f"conveyor's run record: every stage succeeded, none restored from the run cache, and "
-                f"{AT_ONCE} branches ran at once (os.cpu_count() = {CORES}); {len(ITEMS)} with {PLACED}",
-                "no process of the embedded Prefect server outlived a cold run"],
+               "prefect server start (rows 1, 2, 4)": f"up in {startup_s:.1f} s before the first measurement",
+               "repetitions with the embedded server (row 3)": str(len(cold[0]))},
+        checks=["every run exited 0, and `dvc status` was clean after it",
+                f"every out ({', '.join(OUTS)}), dvc.lock's schema and stage entries, and the .gitignore files DVC "
+                "writes for outs equal on both sides of each repetition",
+                f"conveyor's run record: every stage succeeded, none restored from the run cache, {AT_ONCE} branches "
+                f"at once ({len(ITEMS)} with {PLACED}); no process of its embedded server outlived a cold run"],
         notes=[f"wall minus the sum of the sleeps ({serial_sleep:g} s) on both sides: dvc repro "
                f"{statistics.median(wall.baseline) - serial_sleep:.2f} s, conveyor {cand_wall - serial_sleep:.2f} s "
                f"(medians; conveyor's is its overhead less the {serial_sleep - parallel_sleep:g} s its "
                "overlapping sleeps save)",
-               f"where conveyor's {cand_wall:.2f} s go (medians, shared server; from its run record's started/"
-               f"finished): {before:.2f} s before the flow started (interpreter, imports of conveyor, Prefect and "
-               f"DVC, loading dvc.yaml through DVC, creating the flow run), {flow:.2f} s in the flow (stages: "
-               f"{parallel_sleep:g} s of sleeps on its critical path), {after:.2f} s after it (the flow engine "
-               "finishing, the summary, Prefect draining its workers at exit)",
-               f"with the embedded server instead (row 3): {cold_before:.2f} s before the flow started and "
-               f"{cold_after:.2f} s after it (starting and stopping the server on top of the above)",
+               phases_note(f"`conveyor run` ({cand_wall:.2f} s, shared server; {parallel_sleep:g} s of sleeps on its "
+                           "critical path)", [o.phases for o in cand if o.phases]),
+               phases_note("`conveyor run` with its embedded server (row 3)", [o.phases for o in cold[1] if o.phases]),
                f"conveyor's branch stages took their sleep plus median {extra[len(extra) // 2]:.2f} s, max "
                f"{extra[-1]:.2f} s (the shell, DVC's hashing and recording, Prefect's task run)",
                f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {wall.share():.2f} with "

@@ -56,6 +56,8 @@ from benchmarks.projects import (
     no_server_env,
     out,
     per_stage_ms,
+    phases,
+    phases_note,
     run_record,
     server_env,
     stage,
@@ -215,10 +217,9 @@ class Fresh:
             elif args[0] == "conveyor":
                 record = run_record(workdir)
                 check_record(record, [stage(k) for k in range(n)], "succeeded", side)
-                started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
-                before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
-                self.phases.setdefault((side, n), []).append((before, inside, seconds - before - inside))
-                self.inside.setdefault((side, n), []).append(inside)
+                split = phases(record, began, seconds)
+                self.phases.setdefault((side, n), []).append(split)
+                self.inside.setdefault((side, n), []).append(split[1])
             return seconds
 
     @staticmethod
@@ -355,11 +356,7 @@ def _result(n: int, repeats: int, startup_s: float, warm: tuple[list[dict[str, f
                  f"{met(median(in_flow.candidate) <= STAGE_GOAL_MS)}")
     for side, what in (("conveyor", "shared server"), ("conveyor-embedded-server", "embedded server")):
         if fresh.phases.get((side, n)):
-            before, within, after = (median([p[k] for p in fresh.phases[side, n]]) for k in range(3))
-            notes.append(f"where `conveyor run --force` ({what}) spends its time on {n} stages (medians, split "
-                         f"by its run record's started/finished): {before:.2f} s before `started` (interpreter, "
-                         f"imports, loading the spec, the flow run, any server start), {within:.2f} s from `started` "
-                         f"to `finished`, {after:.2f} s after `finished` (summary, exit)")
+            notes.append(phases_note(f"`conveyor run --force` ({what}, {n} stages)", fresh.phases[side, n]))
     if fresh.left:
         notes.append(f"the bare Prefect flow left its temporary server running 10 s after it exited in {fresh.left} "
                      "run(s) (killed before the next run)")
@@ -369,35 +366,11 @@ def _result(n: int, repeats: int, startup_s: float, warm: tuple[list[dict[str, f
                  f"{n} cmd stages",
         candidate=f"`conveyor run --force` of a spec of {n} task stages (steps.chain:step)",
         repeats=repeats, metrics=[vs_loop, vs_bare, vs_dvc, per, in_flow, embedded],
-        setup={"rows": "the candidate is `conveyor run --force` of the N-stage spec on every row; rows 1-3 and 6 "
-                       "are wall-time ratios; rows 4-5 the cost of one more stage, in ms",
-               "chain": f"{n} steps s00 -> s{n - 1:02d}; s<k> reads out/s<k-1>.txt and writes out/s<k>.txt (its "
-                        "text plus a line with its name); every side calls the same function (steps/chain.py)",
-               "plain loop": f"`python loop.py {n}`: one process calling the step {n} times",
-               "bare Prefect flow": "`python bare_flow.py N`: @flow of N @task(cache_policy=NO_CACHE, "
-                                    "persist_result=False) runs, each .submit(k).result() after the previous",
-               "dvc repro -f": "dvc.yaml of N cmd stages `python -c \"import steps.chain as c; c.by_index(k)\"`, "
-                               "deps the previous out, outs its own; git init + dvc init + one commit",
-               "conveyor": "`conveyor run -c configs/chainN.yaml --force`: N stages `task: steps.chain:step`, deps "
-                           "the previous out, outs its own; pyproject.toml, params.yaml, task_packages [steps]; git "
-                           "init + one commit (no DVC: conveyor's own record)",
-               "fresh copies": "every measured run of every side in its own copy of a pristine template (no outs, "
-                               "no lock, no run record), removed after it is checked",
-               "per stage": f"1-step runs of the bare flow, dvc and conveyor in the same repetitions: "
-                            f"(T({n}) - T(1)) / {n - 1} per repetition",
-               "prefect (rows 1-5)": f"one `prefect server start` on 127.0.0.1 (temporary PREFECT_HOME), up in "
-                                     f"{startup_s:.1f} s before the first measurement; PREFECT_API_URL points the "
-                                     "bare flow and conveyor at it",
-               "prefect (row 6)": "PREFECT_API_URL unset (the bare flow gets Prefect's temporary server, conveyor "
-                                  "its embedded one), a temporary PREFECT_HOME whose database uncounted 1-step "
-                                  f"runs created: each run starts its own server; {len(cold[0])} repetition(s)",
-               "warm-up": "one run of each side on the shared server before the repetitions, not counted"},
-        checks=["every command exited 0",
-                f"every run of every side left out/s00.txt ... out/s{n - 1:02d}.txt (and nothing else in out/), each "
-                "with the expected text: identical on every side (DVC's out/.gitignore aside)",
-                "every dvc repro -f run recorded every stage in dvc.lock",
-                f"every conveyor run's record (.conveyor/runs/latest.json): the run and each of its {n} (or 1) "
-                "stages succeeded",
-                "no process of conveyor's embedded Prefect server outlived its run (by PREFECT_HOME)"],
+        setup={"prefect server start": f"up in {startup_s:.1f} s before the first measurement (rows 1-5)",
+               "repetitions without a server (row 6)": str(len(cold[0]))},
+        checks=["every command exited 0; every run of every side left the same out/s00.txt ... "
+                f"out/s{n - 1:02d}.txt and nothing else in out/ (DVC's .gitignore aside)",
+                "dvc.lock (dvc repro -f) and the run record (conveyor: every stage succeeded) list every stage",
+                "no process of conveyor's embedded Prefect server outlived its run"],
         notes=notes,
     )

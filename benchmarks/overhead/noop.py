@@ -57,6 +57,8 @@ from benchmarks.projects import (
     no_server_env,
     out,
     per_stage_ms,
+    phases,
+    phases_note,
     run_record,
     server_env,
     stage,
@@ -151,9 +153,7 @@ class Idle:
         check_record(record, self.stages, "skipped", f"{self.root.name}: no-op `conveyor run`")
         check_no_leftovers(self.home, f"{self.root.name}: no-op `conveyor run`")
         self._unchanged("conveyor run")
-        started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
-        before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
-        self.phases.append((before, inside, seconds - before - inside))
+        self.phases.append(phases(record, began, seconds))
         return seconds
 
     def _clean(self, when: str) -> None:
@@ -215,7 +215,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         at = {len(c.stages): k for k, c in enumerate(chains)}
         metrics += _chain_metrics(n, slope_n, [{m: b[k] for m, k in at.items()} for b in base],
                                   [{m: c[k] for m, k in at.items()} for c in cand], notes)
-        notes.append(_phases(f"{n}-stage chain", big.phases))
+        notes.append(phases_note(f"a no-op `conveyor run` of the {n}-stage chain", big.phases))
 
         ref = scratch / "reference"
         copied = reference_copy(ref)
@@ -228,32 +228,16 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         metrics += _cli_metrics(ref, env, repeats, config.quick, log, notes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    setup.update({
-        "rows": "baseline the dvc command, candidate the conveyor one, on every row; each goal bounds conveyor's "
-                "figure (as a multiple of dvc's time, or in absolute terms)",
-        "chain": f"hand-written dvc.yaml, {n} cmd stages s00 -> ... -> s{n - 1:02d}: s00 echoes its name into "
-                 "out/s00.txt, s<k> `(cat out/s<k-1>.txt; echo s<k>) > out/s<k>.txt` (dep: the previous out, "
-                 "out: its own); a second project with s00 alone" + ("" if slope_n == n else
-                 f", a third with {slope_n} stages (for the per-skipped-stage slope)") + "; each made with git init, "
-                 "dvc init and brought up to date by one `dvc repro`",
-        "conveyor": "`conveyor run` with PREFECT_API_URL unset and a temporary PREFECT_HOME (shared by its runs): "
-                    "a no-op needs no Prefect server; one that starts its embedded server is measured with it",
-        "warm-up": "one no-op of each command in each chain before the repetitions (file cache, conveyor's "
-                   "first-run state), not counted",
-    })
+    setup["chains"] = f"{n} and 1 stage(s)" + ("" if slope_n == n else f", and {slope_n} for the slope")
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="no-op `dvc repro` (or `dvc --help`, `dvc status`) in the same up-to-date project",
         candidate="no-op `conveyor run` (or `conveyor --help`, `conveyor validate`) there, no Prefect server",
         repeats=repeats, metrics=metrics, setup=setup,
-        checks=["every command exited 0",
-                f"every no-op `dvc repro` printed {UP_TO_DATE!r}",
-                f"after every run of either side `dvc status` printed {UP_TO_DATE!r} and dvc.lock was byte for "
-                "byte the one left by bringing the project up to date",
-                "every no-op `conveyor run` wrote a new run record (.conveyor/runs/latest.json) in which every "
-                "stage of the project is `skipped` and the run `succeeded`",
-                "no process of a no-op `conveyor run` outlived it (by PREFECT_HOME)",
-                "the chain's outs hold the expected text after `dvc repro` brought it up to date"],
+        checks=["every command exited 0; every no-op `dvc repro` printed that the project is up to date",
+                "after every run of either side `dvc status` was clean and dvc.lock byte for byte as before",
+                "every no-op `conveyor run` wrote a new run record in which every stage is `skipped`, and no process "
+                "of it outlived it"],
         notes=notes,
     )
 
@@ -301,7 +285,7 @@ def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Ca
                     f"{1 / NOOP_GOAL:.2f}", base, cand)
     notes += [f"reference project: no-op `conveyor run` / no-op `dvc repro` median {metric.share():.2f}x (goal <= "
               f"{NOOP_GOAL:g}x: {met(metric.share() <= NOOP_GOAL)}); its first run (not measured) took {seconds:.0f} s",
-              _phases("reference project", idle.phases)]
+              phases_note("a no-op `conveyor run` of the reference project", idle.phases)]
     return metric
 
 
@@ -319,11 +303,3 @@ def _cli_metrics(ref: Path, env: dict[str, str], repeats: int, quick: bool, log:
                      f"{max(m.candidate):.2f}); goal <= {CLI_GOAL_S:g} s: {met(median(m.candidate) <= CLI_GOAL_S)}; "
                      f"the dvc command beside it: median {median(m.baseline):.2f} s")
     return [help_m, val_m]
-
-
-def _phases(what: str, phases: list[tuple[float, float, float]]) -> str:
-    before, inside, after = (median([p[k] for p in phases]) for k in range(3))
-    return (f"where a no-op `conveyor run` of the {what} spends its time (medians, split by its run record's "
-            f"started/finished): {before:.2f} s before `started` (interpreter, imports, loading the project, and what "
-            f"else the implementation does first), {inside:.2f} s from `started` to `finished`, {after:.2f} s after "
-            "`finished` (summary, exit)")

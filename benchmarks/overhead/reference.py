@@ -305,33 +305,17 @@ def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome]
         candidate="`conveyor run --force` of configs/pipeline.yaml (Prefect flow, DVC record; the cpu profile's "
                   "in_process_below places preprocess and XGBoost)",
         repeats=len(base), metrics=[wall, rss, cold_wall, cold_rss],
-        setup={"project": "the repository's tracked files at HEAD (git archive), git init + one commit; a fresh copy "
-                          "for every run of either side (no outs, no .conveyor state)",
-               "data": f"scikit-learn's breast-cancer CSV, {cand[0].raw.shape[0]} rows; splits "
-                       f"{cand[0].stats['rows']}",
-               "plain script": "python benchmarks/overhead/plain_reference.py out --project . in its copy: params.yaml "
-                               "and tasks/preprocess.py's pandas helpers of that copy",
-               "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
-                                     "first measurement (not measured); PREFECT_API_URL points conveyor at it",
-               "prefect (rows 3-4)": "PREFECT_API_URL unset: each `conveyor run` starts its temporary server "
-                                     "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
-                                     f"{len(cold[0])} repetition(s), each with its own plain run",
-               "warm-up": "one run of each side on the shared server, not counted (page cache, the first flow run "
-                          "registers the flow)",
-               "memory": "summed RSS of the command and its descendants (timed by hyperfine), sampled every "
-                         "100 ms by psutil"},
-        checks=["every run exited 0 and left no process of its group running 10 s later",
-                f"conveyor's run record: status succeeded, every stage ({', '.join(STAGES)}) succeeded, none "
-                "restored from a cache",
-                f"both sides wrote, in this run, {', '.join(WRITTEN)}",
-                "data/raw: the same rows on both sides, bit for bit (sorted; 12 parquet parts vs one)",
-                f"data/processed/{{train,valid,test}}: the same columns in the same order, the same row counts, and "
-                f"the rows (sorted) equal within {ROW_TOLERANCE:g}; stats.json's split rows, class counts and "
-                f"features equal; largest difference seen {max(a[0] for a in agreement):.2g}",
-                f"metrics/test.json: every model's AUC at least {MIN_AUC} on both sides and within "
-                f"{AUC_TOLERANCE} of the other side's (113 test rows: 0.02 is ~60 of 2982 positive/negative pairs "
-                f"ranked the other way); largest difference seen {max(a[1] for a in agreement):.4f}",
-                "the plain script imported none of conveyor, prefect, dask, distributed (sys.modules at its end)"],
+        setup={"data": f"{cand[0].raw.shape[0]} rows; splits {cand[0].stats['rows']}",
+               "prefect server start (rows 1-2)": f"up in {startup_s:.1f} s before the first measurement",
+               "repetitions with the temporary server (rows 3-4)": str(len(cold[0]))},
+        checks=["every run exited 0 and left no process of its group running 10 s later; conveyor's run record "
+                "says every stage succeeded, none restored from a cache",
+                f"both sides wrote, in this run, {', '.join(WRITTEN)}; data/raw the same rows bit for bit",
+                f"data/processed: the same columns, row counts and rows (sorted) within {ROW_TOLERANCE:g}, the same "
+                f"stats.json counts; largest difference seen {max(a[0] for a in agreement):.2g}",
+                f"every model's test AUC at least {MIN_AUC} on both sides and within {AUC_TOLERANCE} of the other's; "
+                f"largest difference seen {max(a[1] for a in agreement):.4f}",
+                "the plain script imported none of conveyor, prefect, dask, distributed"],
         notes=[f"goal: conveyor's wall at most {GOAL:g}x the plain script's (ratio column >= {1 / GOAL:.2f}x); "
                f"measured conveyor / plain (medians of per-repetition quotients): {share:.2f}x with the shared "
                f"server ({'met' if share <= GOAL else 'NOT met'}), {cold_share:.2f}x with the temporary one "

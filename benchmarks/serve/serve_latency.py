@@ -18,30 +18,23 @@ FastAPI, uvicorn, torch and XGBoost).
   order and returns the scores; a plain ``def`` endpoint (FastAPI's thread pool), run with
   ``uvicorn.run(app, host, port)``: uvicorn's defaults, what ``uvicorn app:app`` gives.
 
-The load: 20 client threads in this process, each with its own keep-alive
-``http.client.HTTPConnection``, each sending 1-row requests back to back (a new one as soon
-as the last is answered); every request's latency is taken from before it is sent to after
-its body is read (``perf_counter``). The rows are drawn with replacement from the project's
-569 raw rows (``data/raw``, less ``target``, the 30 features in the model's order), the same
-rows in the same order for both sides in a repetition. Each server is warmed up first (50
-requests, not counted); the repetitions then alternate between the two running servers
-(B C, C B, ...). Metrics per repetition: the median and the 99th percentile of the
-latencies, and the throughput (requests answered / wall of the repetition).
+The load: wrk (``apt-get install wrk``), 2 threads and 20 keep-alive connections sending 1-row
+requests back to back for 30 s (5 s with ``--quick``), each body a row drawn with replacement from
+the project's 569 raw rows (the 30 features in the model's order), the same draw for both sides.
+The repetitions alternate between the two running servers (B C, C B, ...). Metrics per
+repetition: wrk's median and 99th percentile latency and its throughput.
 
-Before any ratio: every request was answered 200 with one score per row; for 50 fixed rows,
-each sent alone, both servers' scores equal ``tasks.predict.score`` of that row computed in
-a separate process (relative 1e-9), and so each other; the same 50 rows in one request equal
-the score of the 50 together; every measured answer equals the expected score of the row it
-sent; conveyor's version (its start-up line, ``/health``, every answer) is the one ``GET
-/model`` reports, and ``/model``'s features are stats.json's. Both servers stop on SIGINT and
-leave no process of their group behind.
+Before any ratio, on each server: 50 fixed rows, each sent alone, score as
+``tasks.predict.score`` of that row computed in a separate process (relative 1e-9), and the 50
+in one request as the 50 together; every request under load answered 2xx; conveyor's version
+(its start-up line, ``/health``, every checked answer) is the one ``GET /model`` reports, and
+``/model``'s features are stats.json's. Both servers stop on SIGINT and leave nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import importlib.util
 import json
 import os
 import re
@@ -50,11 +43,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +61,8 @@ from benchmarks.projects import cli, conveyor_command
 NAME = "serve-latency"
 DESCRIPTION = "HTTP latency of conveyor serve-model vs a bare FastAPI app with the same model (1-row requests)"
 BARE = Path(__file__).resolve().parent / "bare_service.py"
-THREADS = 20  # concurrent clients
-WARMUP = 50  # requests per server before any measurement, not counted (the 50 fixed rows)
+THREADS = 20  # concurrent connections
+WARMUP = 50  # the fixed rows, checked (and warming each server) before any measurement
 RTOL = 1e-9
 READY_S = 180.0  # from the command's start to GET /health answering 200
 STOP_S = 30.0  # from SIGINT to the process gone (conveyor gives uvicorn 10 s to finish requests)
@@ -80,7 +71,6 @@ POLL_S = 0.05
 SEED = 20
 SERVING = re.compile(r"serving model (\w+) \(([^)]*)\) at http://127\.0\.0\.1:(\d+) ")
 UVICORN = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+) ")
-ACCESS = re.compile(r'"POST /predict HTTP/1\.1" 200')
 HEADERS = {"Content-Type": "application/json"}
 MODEL_FILES = {"stats": "data/processed/stats.json", "xgb": "models/xgb.json", "mlp": "models/mlp.pt",
                "stack": "models/stack.json"}  # configs/pipeline.yaml's model: section
@@ -205,99 +195,24 @@ def post(port: int, body: bytes) -> tuple[int, bytes]:
         conn.close()
 
 
-# --- the load -------------------------------------------------------------------------------
+# --- the load: wrk ---------------------------------------------------------------------------
 
-
-@dataclass
-class Load:
-    """What one burst of requests got: per request (row sent, status, body, seconds), and its wall."""
-
-    answers: list[tuple[int, int, bytes]] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    wall: float = 0.0
-
-    @property
-    def statuses(self) -> Counter[int]:
-        return Counter(status for _, status, _ in self.answers)
-
-
-def load(port: int, plan: Sequence[Sequence[int]], bodies: Sequence[bytes]) -> Load:
-    """One thread per entry of ``plan``, each on its own keep-alive connection (connected before the
-    start), sending ``bodies[i]`` for each ``i`` of its entry back to back."""
-    results: list[Load] = [Load() for _ in plan]
-    spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(plan)
-    barrier = threading.Barrier(len(plan) + 1, timeout=REQUEST_TIMEOUT_S)
-
-    def client(k: int) -> None:
-        result = results[k]
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
-        try:
-            conn.connect()
-        except OSError as exc:
-            result.errors.append(f"connect: {exc!r}")
-        barrier.wait()
-        began = time.perf_counter()
-        try:
-            for row in plan[k]:
-                sent = time.perf_counter()
-                conn.request("POST", "/predict", bodies[row], HEADERS)
-                response = conn.getresponse()
-                body = response.read()
-                result.latencies.append(time.perf_counter() - sent)
-                result.answers.append((row, response.status, body))
-        except (OSError, http.client.HTTPException) as exc:
-            result.errors.append(f"thread {k}, request {len(result.answers) + 1}: {exc!r}")
-        finally:
-            spans[k] = (began, time.perf_counter())
-            conn.close()
-
-    threads = [threading.Thread(target=client, args=(k,), name=f"client-{k}", daemon=True) for k in range(len(plan))]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    for thread in threads:
-        thread.join()
-    total = Load(wall=max(end for _, end in spans) - min(begin for begin, _ in spans))
-    for result in results:
-        total.answers += result.answers
-        total.latencies += result.latencies
-        total.errors += result.errors
-    return total
-
-
-def scores_of(load_: Load, side: str, version: str | None) -> dict[int, list[float]]:
-    """Per row sent, the scores answered (checked: no error, every answer 200 with one score, and with
-    ``version``, the model named in every answer)."""
-    check(not load_.errors, f"{side}: {len(load_.errors)} requests failed: {load_.errors[:3]}")
-    check(load_.statuses == Counter({200: len(load_.answers)}),
-          f"{side}: not every request answered 200: {dict(load_.statuses)}; first other: "
-          f"{next((b[:300] for _, s, b in load_.answers if s != 200), b'')!r}")
-    got: dict[int, list[float]] = {}
-    for row, _, body in load_.answers:
-        answer = json.loads(body)
-        check(isinstance(answer.get("scores"), list) and len(answer["scores"]) == 1
-              and isinstance(answer["scores"][0], float), f"{side}: not one score for one row: {body[:300]!r}")
-        if version is not None:
-            check(answer.get("model") == version, f"{side}: answered for model {answer.get('model')!r}, "
-                                                  f"not {version}")
-        got.setdefault(row, []).append(answer["scores"][0])
-    return got
-
-
-def worst(got: Mapping[int, Sequence[float]], expected: Sequence[float], side: str, what: str) -> float:
-    """Largest relative difference of ``got`` from ``expected[row]``; checked to be within RTOL."""
-    largest = 0.0
-    for row, values in got.items():
-        want = expected[row]
-        for value in values:
-            diff = abs(value - want) / max(abs(want), 1e-300)
-            check(diff <= RTOL, f"{side}: {what}: row {row} scored {value!r}, expected {want!r} (tasks.predict.score)")
-            largest = max(largest, diff)
-    return largest
-
-
-# --- the benchmark --------------------------------------------------------------------------
+WRK_SCRIPT = """\
+-- every thread sends the rows of $BODIES (one JSON body a line) in order, round and round
+local bodies = {}
+for line in io.lines(os.getenv("BODIES")) do bodies[#bodies + 1] = line end
+local sent = 0
+request = function()
+  sent = sent + 1
+  return wrk.format("POST", "/predict", {["Content-Type"] = "application/json"}, bodies[(sent - 1) % #bodies + 1])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('{"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "failed": %d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.status + e.connect + e.read + e.write + e.timeout))
+end
+"""
 
 
 @dataclass
@@ -308,8 +223,48 @@ class Figures:
     requests: int
 
 
+def load(port: int, bodies: Path, seconds: float, scratch: Path) -> Figures:
+    """wrk (``apt-get install wrk``): 2 threads, THREADS keep-alive connections, for ``seconds``; checked:
+    no request failed or answered other than 2xx."""
+    check(shutil.which("wrk") is not None, "wrk is not installed: apt-get install wrk (or brew install wrk)")
+    script = scratch / "load.lua"
+    script.write_text(WRK_SCRIPT)
+    proc = subprocess.run(["wrk", "-t2", f"-c{THREADS}", f"-d{seconds:g}s", f"--timeout={REQUEST_TIMEOUT_S:g}s",
+                           "-s", str(script), f"http://127.0.0.1:{port}/predict"], capture_output=True, text=True,
+                          env={**os.environ, "BODIES": str(bodies)}, timeout=seconds + REQUEST_TIMEOUT_S + 30)
+    check(proc.returncode == 0, f"wrk exited {proc.returncode}: {proc.stderr[-2000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    check(got["failed"] == 0 and got["requests"] > 0, f"wrk: {got['failed']} of {got['requests']} requests failed or "
+                                                      f"were not answered 2xx:\n{proc.stdout[-2000:]}")
+    return Figures(got["p50_us"] / 1000, got["p99_us"] / 1000, got["requests"] / (got["duration_us"] / 1e6),
+                   got["requests"])
+
+
+def check_scores(server: Server, rows: list[dict[str, float]], fixed: list[int], single: list[float],
+                 batch: list[float]) -> float:
+    """The fixed rows, each alone, then all in one request: the expected scores (relative RTOL), the model's
+    version in each of conveyor's answers. The largest relative difference seen."""
+    largest = 0.0
+    for i in fixed:
+        status, body = post(server.port, json.dumps({"rows": [rows[i]]}).encode())
+        answer = json.loads(body) if status == 200 else {}
+        check(status == 200 and len(answer.get("scores", [])) == 1, f"{server.side}: row {i}: {status} {body[:300]!r}")
+        check(server.side != "conveyor" or answer.get("model") == server.version,
+              f"conveyor: answered for model {answer.get('model')!r}, not {server.version}")
+        largest = max(largest, abs(answer["scores"][0] - single[i]) / max(abs(single[i]), 1e-300))
+    status, body = post(server.port, json.dumps({"rows": [rows[i] for i in fixed]}).encode())
+    together = json.loads(body)["scores"] if status == 200 else []
+    check(len(together) == len(fixed) and bool(np.allclose(together, batch, rtol=RTOL, atol=0)),
+          f"{server.side}: the {len(fixed)} fixed rows in one request: {status} {body[:300]!r}")
+    check(largest <= RTOL, f"{server.side}: a row scored {largest:.2g} (relative) from tasks.predict.score")
+    return largest
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    per_thread = 20 if config.quick else 100
+    seconds = 5.0 if config.quick else 30.0
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-serve-"))
     logs = scratch / "logs"
@@ -323,10 +278,12 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                                                        f"model's features {features}")
         rows = [dict(zip(features, map(float, values), strict=True))
                 for values in raw[features].to_numpy(dtype=np.float64)]
-        bodies = [json.dumps({"rows": [row]}).encode() for row in rows]
         rng = np.random.default_rng(SEED)
         fixed = [int(i) for i in rng.choice(len(rows), WARMUP, replace=False)]
         single, batch = _expected(root, env, scratch, rows, fixed)
+        bodies = scratch / "bodies.jsonl"  # a draw with replacement, the same for both sides
+        bodies.write_text("".join(json.dumps({"rows": [rows[int(i)]]}) + "\n"
+                                  for i in rng.integers(0, len(rows), 10 * len(rows))))
 
         log(f"{NAME}: starting the bare app and conveyor serve-model")
         bare = start("bare", [sys.executable, str(BARE), str(root), "--port", "0"], root, env, logs, UVICORN.search)
@@ -337,43 +294,15 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         log(f"{NAME}: up in {bare.startup_s:.1f} s (bare), {conveyor.startup_s:.1f} s (conveyor, model "
             f"{conveyor.version})")
         card = _check_card(conveyor, features)
-
-        warm_plan = [fixed[k::THREADS] for k in range(THREADS)]
-        agreement = 0.0
-        for server in (bare, conveyor):
-            version = conveyor.version if server is conveyor else None
-            agreement = max(agreement, worst(scores_of(load(server.port, warm_plan, bodies), server.side, version),
-                                             single, server.side, "warm-up (the fixed rows, one a request)"))
-            status, body = post(server.port, json.dumps({"rows": [rows[i] for i in fixed]}).encode())
-            check(status == 200, f"{server.side}: the {WARMUP} fixed rows in one request: {status} {body[:300]!r}")
-            together = json.loads(body)["scores"]
-            check(len(together) == WARMUP and bool(np.allclose(together, batch, rtol=RTOL, atol=0)),
-                  f"{server.side}: the {WARMUP} fixed rows in one request scored {together[:3]}..., expected "
-                  f"{batch[:3]}...")
-        log(f"{NAME}: warmed up; {repeats} interleaved repetitions of {THREADS} threads x {per_thread} requests")
-        largest = [agreement]
-
-        def side(server: Server) -> Callable[[int], Figures]:
-            def once(i: int) -> Figures:
-                picks = np.random.default_rng(SEED + 1 + i).integers(0, len(rows), (THREADS, per_thread))
-                result = load(server.port, [[int(r) for r in line] for line in picks], bodies)
-                got = scores_of(result, server.side, conveyor.version if server is conveyor else None)
-                check(len(result.answers) == THREADS * per_thread, f"{server.side}: {len(result.answers)} answers, "
-                                                                   f"not {THREADS * per_thread}")
-                largest.append(worst(got, single, server.side, f"repetition {i + 1}"))
-                ms = np.asarray(result.latencies) * 1000
-                return Figures(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                               len(result.answers) / result.wall, len(result.answers))
-            return once
-
-        base, cand = interleaved(repeats, side(bare), side(conveyor), log)
+        largest = max(check_scores(server, rows, fixed, single, batch) for server in (bare, conveyor))
+        log(f"{NAME}: checked and warmed up; {repeats} interleaved repetitions of wrk, {THREADS} connections, "
+            f"{seconds:g} s")
+        base, cand = interleaved(repeats, lambda _i: load(bare.port, bodies, seconds, scratch),
+                                 lambda _i: load(conveyor.port, bodies, seconds, scratch), log)
         rss = {s.side: s.rss_mib() for s in servers}
         for server in list(servers):
             stop(server)
             servers.remove(server)
-        sent = {s.side: WARMUP + 1 + sum(f.requests for f in figures)  # POST /predict: warm-up, batch, measured
-                for s, figures in ((bare, base), (conveyor, cand))}
-        access = {s.side: len(ACCESS.findall(s.output())) for s in (bare, conveyor)}
         stops = {s.side: (s.stop_s, s.exit_code) for s in (bare, conveyor)}
         startup = {s.side: s.startup_s for s in (bare, conveyor)}
     finally:
@@ -382,7 +311,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
-    return _result(base, cand, per_thread, card, max(largest), sent, access, stops, startup, rss)
+    return _result(base, cand, seconds, card, largest, stops, startup, rss)
 
 
 def _expected(root: Path, env: Mapping[str, str], scratch: Path, rows: list[dict[str, float]],
@@ -411,15 +340,13 @@ def _check_card(conveyor: Server, features: list[str]) -> dict[str, Any]:
     return card
 
 
-def _result(base: list[Figures], cand: list[Figures], per_thread: int, card: Mapping[str, Any], largest: float,
-            sent: Mapping[str, int], access: Mapping[str, int], stops: Mapping[str, tuple[float, int | None]],
-            startup: Mapping[str, float], rss: Mapping[str, float]) -> Result:
+def _result(base: list[Figures], cand: list[Figures], seconds: float, card: Mapping[str, Any], largest: float,
+            stops: Mapping[str, tuple[float, int | None]], startup: Mapping[str, float],
+            rss: Mapping[str, float]) -> Result:
     p50 = Metric("p50 latency (ms), 1-row requests", [f.p50_ms for f in base], [f.p50_ms for f in cand])
     p99 = Metric("p99 latency (ms), 1-row requests", [f.p99_ms for f in base], [f.p99_ms for f in cand])
     rate = Metric("throughput (requests/s)", [f.rate for f in base], [f.rate for f in cand],
                   ratio="candidate/baseline", digits=1)
-    stacks = ", ".join(f"{name} {'installed' if importlib.util.find_spec(name) else 'not installed'}"
-                       for name in ("httptools", "uvloop"))
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="benchmarks/serve/bare_service.py: FastAPI + pydantic `rows: list[dict[str, float]]`, the project's "
@@ -427,48 +354,24 @@ def _result(base: list[Figures], cand: list[Figures], per_thread: int, card: Map
         candidate="`conveyor serve-model --port 0` (per-version TypedDict validation, body limit, model version in "
                   "every answer, uvicorn access log)",
         repeats=len(base), metrics=[p50, p99, rate],
-        setup={"model": f"the reference project's stacked model (XGBoost + torch MLP + logistic regression), "
-                        f"trained once by `conveyor run`; version {card.get('version')} ({card.get('source')})",
-               "load": f"{THREADS} client threads in the benchmark process, one keep-alive http.client connection "
-                       f"each, {per_thread} 1-row requests each back to back ({THREADS * per_thread} a repetition "
-                       f"a side)",
-               "rows": "drawn with replacement from data/raw's 569 rows (30 features, the model's order), the same "
-                       "draw for both sides in a repetition",
-               "warm-up": f"{WARMUP} requests per server (the fixed rows, one a request, {THREADS} threads), then "
-                          f"the {WARMUP} in one request; not counted",
-               "servers": f"one uvicorn process each on 127.0.0.1, both up before the first repetition and kept "
-                          f"up; h11 and asyncio on both ({stacks}); stdout and stderr to files",
-               "latency": "perf_counter from before sending a request to after reading its body; throughput is "
-                          "answers / (last thread done - first thread started)",
+        setup={"model": f"the reference project's stacked model, version {card.get('version')} ({card.get('source')})",
+               "load": f"wrk -t2 -c{THREADS} -d{seconds:g}s: {THREADS} keep-alive connections sending 1-row requests "
+                       "back to back; latency and throughput are wrk's (HdrHistogram)",
                "cores": str(os.cpu_count())},
-        checks=["every request (warm-up, batch, measured) answered 200 with one score per row, none failed",
-                f"the {WARMUP} fixed rows, each alone: both servers' scores equal tasks.predict.score of that row "
-                f"in a separate process (relative {RTOL:g}); the {WARMUP} in one request equal their score together",
-                f"every measured answer equals the expected score of the row it sent (relative {RTOL:g}); largest "
-                f"difference seen {largest:.2g}",
-                f"conveyor's model {card.get('version')}: its start-up line, GET /health and every answer name "
-                "the version GET /model reports; /model's features are stats.json's, in order",
-                "both servers stopped on SIGINT within "
-                f"{STOP_S:.0f} s and left no process of their group 5 s later"],
+        checks=["every request answered 2xx (wrk counts the others and every socket error: none)",
+                f"the {WARMUP} fixed rows, each alone, and the {WARMUP} in one request: both servers' scores equal "
+                f"tasks.predict.score in a separate process (relative {RTOL:g}; largest seen {largest:.2g})",
+                f"conveyor's model {card.get('version')}: its start-up line, GET /health and every checked answer "
+                "name the version GET /model reports; /model's features are stats.json's, in order",
+                f"both servers stopped on SIGINT within {STOP_S:.0f} s and left no process of their group 5 s later"],
         notes=[f"medians: p50 {median(p50.baseline):.2f} ms (bare) vs {median(p50.candidate):.2f} ms (conveyor); "
                f"p99 {median(p99.baseline):.2f} vs {median(p99.candidate):.2f} ms; throughput "
                f"{median(rate.baseline):.1f} vs {median(rate.candidate):.1f} requests/s",
-               f"model version {card.get('version')} ({card.get('source')})",
-               f"the {THREADS} client threads share this process's GIL and the machine's {os.cpu_count()} cores "
-               "with the server under test, the same for both sides; latency includes the client's own Python "
-               "time, so both absolute figures are above what an outside client would see",
-               f"access log: both servers log one uvicorn access line per request (uvicorn's default access_log "
-               f"and INFO level, to stdout; here a file): {access.get('bare')} `POST /predict 200` lines from the "
-               f"bare app, {access.get('conveyor')} from conveyor, for {sent.get('bare')} and {sent.get('conveyor')} "
-               "POST /predict sent to each",
-               "the bare app runs uvicorn.run(app, host, port) and nothing else: uvicorn's defaults, as "
-               "`uvicorn app:app` (access log on, keep-alive 5 s, h11/asyncio here); conveyor's serve-model also "
-               "sets log_level info and timeout_graceful_shutdown 10",
-               "both score on FastAPI's thread pool (conveyor: run_in_threadpool; bare: a plain def endpoint), "
-               "so up to 40 requests score at once on either; torch and XGBoost use their default threads",
-               f"start-up (command to GET /health 200, the model's load included): bare {startup.get('bare', 0):.1f}"
-               f" s, conveyor {startup.get('conveyor', 0):.1f} s; RSS after the last repetition: bare "
-               f"{rss.get('bare', 0):.0f} MiB, conveyor {rss.get('conveyor', 0):.0f} MiB",
+               "the load is wrk's since 2026-11-26 (before: 20 Python threads sharing the benchmark's GIL, 100 "
+               "requests each): its client costs less CPU, so absolute figures moved; the ratios compare",
+               f"start-up (command to GET /health 200): bare {startup.get('bare', 0):.1f} s, conveyor "
+               f"{startup.get('conveyor', 0):.1f} s; RSS after the last repetition: bare {rss.get('bare', 0):.0f} MiB, "
+               f"conveyor {rss.get('conveyor', 0):.0f} MiB",
                "stop after SIGINT: " + ", ".join(f"{side} {s:.1f} s (exit {code})" for side, (s, code)
                                                  in stops.items())],
     )
