@@ -45,9 +45,10 @@ import time
 
 
 def step(ctx):
-    time.sleep(float(ctx.params["work"]["join_s" if ctx.stage == "join" else "sleep_s"]))
+    work = ctx.params["work"]
+    time.sleep(float(work["join_s" if ctx.stage == "join" else "sleep_s"]))
     digest = hashlib.sha256(ctx.stage.encode())
-    for declared in sorted(ctx.deps):
+    for declared in sorted(work["deps"].get(ctx.stage, [])):  # its own deps: ctx.deps also holds what it needs
         digest.update(ctx.deps[declared].read_bytes())
     for path in ctx.outs.values():
         path.write_text(digest.hexdigest())
@@ -90,7 +91,8 @@ def make_project(root: Path, sleep_s: float, join_s: float) -> None:
     (root / "benchtasks").mkdir(parents=True)
     (root / "configs").mkdir()
     (root / "pyproject.toml").write_text("[project]\nname = 'bench-parallel-branches'\n")
-    (root / "params.yaml").write_text(f"work: {{sleep_s: {sleep_s}, join_s: {join_s}}}\n")
+    deps = json.dumps({stage: _deps(stage) for stage in STAGES})
+    (root / "params.yaml").write_text(f"work: {{sleep_s: {sleep_s}, join_s: {join_s}, deps: {deps}}}\n")
     (root / "benchtasks" / "__init__.py").write_text("")
     (root / "benchtasks" / "steps.py").write_text(textwrap.dedent(STEPS).lstrip())
     (root / "configs" / "parallel.yaml").write_text(spec("branches", chained=False))
