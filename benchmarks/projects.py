@@ -11,12 +11,13 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks import commands
-from benchmarks.harness import REPO, check, median
+from benchmarks.harness import REPO, check, median, side_report
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.processes import leftovers
 
@@ -159,3 +160,21 @@ def phases_note(what: str, runs: Sequence[tuple[float, float, float]]) -> str:
     before, inside, after = (median([p[k] for p in runs]) for k in range(3))
     return (f"where {what} spends its time (medians, split by its run record's started/finished): {before:.2f} s "
             f"before `started`, {inside:.2f} s from `started` to `finished`, {after:.2f} s after `finished`")
+
+
+@dataclass
+class SideRun:
+    """One fresh process of a benchmark's side: the work as timed inside it, the process's wall
+    (hyperfine), its tree's peak RSS (psutil) and the JSON report it printed last."""
+
+    seconds: float
+    wall: float
+    peak_mib: float
+    report: dict[str, Any]
+
+
+def run_side(args: Sequence[str], side: str) -> SideRun:
+    """``args`` (a ``python -c`` side or a plain script) in the repository, timed and sampled."""
+    done = timed_cli(args, REPO, repo_env(), memory=True)
+    report = side_report(done.stdout, side)
+    return SideRun(float(report["seconds"]), done.seconds, done.peak_mib, report)

@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, met, rows_label, side_command, side_report, timed
+from benchmarks.harness import Config, Metric, Result, check, met, rows_label, side_command, timed
+from benchmarks.projects import SideRun, run_side
 
 if TYPE_CHECKING:
     import numpy as np
@@ -207,23 +208,13 @@ def compare(reference: Outputs, outputs: Outputs, side: str, agreement: Agreemen
 
 
 @dataclass
-class Run:
-    """One measurement of one side."""
-
-    seconds: float  # the work, timed inside the process
-    wall: float  # the whole process, from outside
-    peak_mib: float  # summed RSS of the process tree
-    report: dict[str, Any]
-
-
-@dataclass
 class Size:
     """Everything measured at one number of rows."""
 
     rows: int
     parts: int
     raw_mib: float
-    runs: dict[str, list[Run]] = field(default_factory=lambda: {side: [] for side in SIDES})
+    runs: dict[str, list[SideRun]] = field(default_factory=lambda: {side: [] for side in SIDES})
 
     def seconds(self, side: str) -> list[float]:
         return [r.seconds for r in self.runs[side]]
@@ -232,11 +223,9 @@ class Size:
         return statistics.median(float(getattr(r, what)) for r in self.runs[side])
 
 
-def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
+def measure(side: str, raw: Path, out: Path) -> SideRun:
     """One fresh process of ``side`` on ``raw``, writing ``out``."""
     from benchmarks.compute.preprocess_workers import PARAMS
-    from benchmarks.projects import timed_cli
-
     if side == PANDAS:
         params = PARAMS["preprocess"]
         args = [sys.executable, str(PLAIN), str(raw), str(out), "--label", str(params["label"]),
@@ -244,31 +233,27 @@ def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
                 "--seed", str(PARAMS["seed"])]
     else:
         args = side_command("benchmarks.compute.preprocess_pandas", side, str(raw), str(out))
-    done = timed_cli(args, REPO, env, memory=True)
-    wall, peak, stdout = done.seconds, done.peak_mib, done.stdout
-    report = side_report(stdout, side)
+    done = run_side(args, side)
     if side == PANDAS:
-        check(report["forbidden"] == [], f"pandas: the plain script imported {report['forbidden']}")
-    return Run(seconds=float(report["seconds"]), wall=wall, peak_mib=peak, report=report)
+        check(done.report["forbidden"] == [], f"pandas: the plain script imported {done.report['forbidden']}")
+    return done
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     from benchmarks.compute.preprocess_workers import generate
-    from benchmarks.projects import repo_env
 
     sizes = QUICK_SIZES if config.quick else FULL_SIZES
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-preprocess-pandas-"))
-    env = repo_env()
     agreement = Agreement()
     measured: list[Size] = []
     counter = [0]
 
-    def one(side: str, raw: Path, rows: int, reference: list[Outputs]) -> Run:
+    def one(side: str, raw: Path, rows: int, reference: list[Outputs]) -> SideRun:
         """Measure ``side``, check what it wrote against the pandas reference, remove it."""
         counter[0] += 1
         out = scratch / f"run-{counter[0]:03d}-{side}" / "processed"
-        result = measure(side, raw, out, env)
+        result = measure(side, raw, out)
         if side == PANDAS:
             outputs = observe(out, side, rows_in=rows, sort=not reference)
             if not reference:

@@ -60,9 +60,9 @@ from benchmarks.harness import (
     interleaved,
     rows_label,
     side_command,
-    side_report,
     timed,
 )
+from benchmarks.projects import SideRun
 
 if TYPE_CHECKING:
     import numpy as np
@@ -180,13 +180,9 @@ def side_main(argv: list[str]) -> int:
 
 
 @dataclass
-class Run:
-    """One measurement of one side."""
+class Run(SideRun):
+    """One measurement of one side, and the weights it saved."""
 
-    seconds: float  # the training call, timed inside the process
-    wall: float  # the whole process, from outside
-    peak_mib: float  # summed RSS of the process tree
-    report: dict[str, Any]
     weights: dict[str, npt.NDArray[np.float32]]
 
 
@@ -214,18 +210,17 @@ class Size:
         return float(self.runs[side][0].report["metrics"]["best_valid_loss"])
 
 
-def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: list[int] | None) -> Run:
+def measure(side: str, processed: Path, out: Path, hidden: list[int] | None) -> Run:
     """One fresh process of ``side`` training on ``processed``; what it wrote in ``out`` is read and removed."""
     import numpy as np
 
-    from benchmarks.projects import timed_cli
+    from benchmarks.projects import run_side
     from tasks import models
 
     args = side_command("benchmarks.compute.torch_ddp", side, str(processed), str(out),
                         *([] if hidden is None else [json.dumps(hidden)]))
-    done = timed_cli(args, REPO, env, memory=True)
-    wall, peak, stdout = done.seconds, done.peak_mib, done.stdout
-    report = side_report(stdout, side)
+    done = run_side(args, side)
+    report = done.report
     metrics = report["metrics"]
     check(metrics["epochs"] == EPOCHS, f"{side}: trained {metrics['epochs']} epochs, expected {EPOCHS}")
     best, initial = float(metrics["best_valid_loss"]), float(metrics["initial_valid_loss"])
@@ -238,19 +233,17 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: 
     state = models.load_mlp(out / "mlp.pt")[0].state_dict()
     weights = {name: np.asarray(tensor.detach().numpy(), dtype=np.float32) for name, tensor in state.items()}
     shutil.rmtree(out)
-    return Run(seconds=float(report["seconds"]), wall=wall, peak_mib=peak, report=report, weights=weights)
+    return Run(done.seconds, done.wall, done.peak_mib, report, weights)
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     from benchmarks.compute.plain_preprocess import preprocess
     from benchmarks.compute.preprocess_workers import generate
-    from benchmarks.projects import repo_env
 
     sizes = QUICK_SIZES if config.quick else SIZES
     repeats = config.reps(full=3, quick=2)
     _, seed = reference_params()
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-torch-ddp-"))
-    env = repo_env()
     measured: list[Size] = []
     counter = [0]
     splits: dict[int, dict[str, int]] = {}  # rows -> rows per split, of data generated already
@@ -267,7 +260,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
             def one(side: str, size: Size = size, processed: Path = data / "processed") -> Run:
                 counter[0] += 1
-                done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", env, size.hidden)
+                done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", size.hidden)
                 size.runs[side].append(done)
                 log(f"  {size.label} {side}: {done.seconds:.2f} s training, {done.wall:.2f} s process, "
                     f"{done.peak_mib:.0f} MiB")

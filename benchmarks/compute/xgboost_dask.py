@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.compute.preprocess_workers import PARAMS, cpu_worker_env
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command, side_report
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command
 
 NAME = "xgboost-dask"
 DESCRIPTION = "xgboost.dask on 2 Dask workers vs xgb.train(nthread=2) in one process, same rows and params"
@@ -115,7 +115,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     import numpy as np
 
     from benchmarks.compute.preprocess_workers import generate, preprocess_context
-    from benchmarks.projects import repo_env, timed_cli
+    from benchmarks.projects import run_side
     from tasks.preprocess import load_stats, prepare
 
     rows = QUICK_ROWS if config.quick else ROWS
@@ -139,12 +139,10 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             predictions = root / f"predictions-{counter[0]}.npy"
             args = side_command("benchmarks.compute.xgboost_dask", side, str(root / "processed"), str(predictions),
                                 *([] if rounds is None else [str(rounds)]))
-            done = timed_cli(args, REPO, repo_env(), memory=True)
-            seconds, mib, stdout = done.seconds, done.peak_mib, done.stdout
-            report = side_report(stdout, side)
-            report["predictions"] = np.load(predictions)
-            (reports if rounds is None else profile)[side].append(report)
-            return float(report["seconds"]), seconds, mib
+            done = run_side(args, side)
+            done.report["predictions"] = np.load(predictions)
+            (reports if rounds is None else profile)[side].append(done.report)
+            return done.seconds, done.wall, done.peak_mib
 
         base, cand = interleaved(repeats, lambda _i: measure(PLAIN), lambda _i: measure(DASK), log)
         log(f"{NAME}: profile: {repeats} interleaved repetitions of {PROFILE_ROUNDS} rounds, no early stopping")
