@@ -15,8 +15,8 @@ project. Three projects, each made in a temporary directory with the real CLIs
   can be told from the fixed cost of a run: ``(T(201 stages) - T(1 stage)) / 200`` on each
   side (the 51-stage chain's difference, 50 x 2 ms = 0.1 s at the goal, is within what two
   runs of the same command differ by on a shared 2-core machine; 200 x 2 ms is not);
-* the reference project of this repository: its tracked files (``git ls-files`` of
-  harness.REPO, so any fresh clone works) copied into a new git repository, its committed
+* the reference project of this repository: its files at HEAD (``git archive``, as
+  ``benchmarks.overhead.reference`` makes it) in a new git repository, its committed
   dvc.yaml (compiled from configs/pipeline.yaml) and dvc.lock as they are, brought up to
   date by one `conveyor run` against a `prefect server start` started here (it trains its
   small models: 30-60 s); skipped with ``--quick``.
@@ -44,15 +44,14 @@ from pathlib import Path
 import yaml
 
 from benchmarks.commands import alternating
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met
+from benchmarks.overhead.reference import make_template
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
-    base_env,
     chain_text,
     check_no_leftovers,
     check_record,
     cli,
-    commit,
     make_repo,
     no_server_env,
     out,
@@ -89,33 +88,6 @@ def chain_dvc_yaml(n: int) -> str:
             lines += ["    deps:", f"      - {out(k - 1)}"]
         lines += ["    outs:", f"      - {out(k)}"]
     return "\n".join(lines) + "\n"
-
-
-def copy_tracked(repo: Path, dest: Path) -> int:
-    """The files git tracks in ``repo`` (as they are in its work tree), copied under ``dest``."""
-    listed = cli(["git", "-C", str(repo), "ls-files", "-z"], repo, base_env()).stdout
-    copied = 0
-    for rel in filter(None, listed.split("\0")):
-        src = repo / rel
-        if not src.is_file() and not src.is_symlink():
-            continue  # deleted in the work tree, not yet committed
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target, follow_symlinks=False)
-        copied += 1
-    return copied
-
-
-def reference_copy(root: Path) -> int:
-    """A new git repository of the reference project's tracked files (``dvc init`` if .dvc/ is not tracked)."""
-    root.mkdir(parents=True)
-    copied = copy_tracked(REPO, root)
-    env = base_env()
-    cli(["git", "init", "-q"], root, env)
-    if not (root / ".dvc/config").is_file():
-        cli(["dvc", "init", "-q", "-f"], root, env)
-    commit(root, "reference project")
-    return copied
 
 
 @dataclass
@@ -218,11 +190,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         notes.append(phases_note(f"a no-op `conveyor run` of the {n}-stage chain", big.phases))
 
         ref = scratch / "reference"
-        copied = reference_copy(ref)
-        setup["reference project"] = (f"{copied} tracked files of {REPO.name} copied into a new git repository "
-                                      "(as they are in its work tree: .dvc/, dvc.yaml, dvc.lock, configs/, tasks/...)")
+        make_template(ref)
         if config.quick:
-            setup["reference project"] += "; its no-op run is skipped with --quick (its first run trains models)"
+            setup["reference project"] = "its no-op run is skipped with --quick (its first run trains models)"
         else:
             metrics.append(_reference(ref, env, home, repeats, log, notes))
         metrics += _cli_metrics(ref, env, repeats, config.quick, log, notes)
