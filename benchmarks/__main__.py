@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
 
-from benchmarks import (
-    chain,
+from benchmarks import harness
+from benchmarks.compute import (
     deterministic,
-    dvc_repro,
-    harness,
     ingest_concurrency,
     memory_cap,
-    noop,
-    parallel_branches,
-    predict_batch,
     preprocess_pandas,
     preprocess_workers,
-    reference,
-    scale,
-    serve_latency,
-    sweep,
     torch_ddp,
     xgboost_dask,
 )
+from benchmarks.dvc import dvc_repro, scale, sweep
+from benchmarks.overhead import chain, noop, parallel_branches, reference
+from benchmarks.serve import predict_batch, serve_latency
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
@@ -74,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             continue
         result.seconds = time.monotonic() - started
+        result.about = inspect.getdoc(BENCHMARKS[name]) or ""
         result.load = (load_before, os.getloadavg())
         result.pressure = (pressure_before, harness.cpu_pressure())
         path = harness.write_result(result, machine, quick=config.quick)

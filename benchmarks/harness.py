@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -84,6 +85,18 @@ class Metric:
             return [b / c if c else float("nan") for b, c in pairs]
         return [c / b if b else float("nan") for b, c in pairs]
 
+    def share(self) -> float:
+        """Median over repetitions of candidate / baseline: how many times the peer's figure conveyor's is."""
+        return median([c / b for b, c in zip(self.baseline, self.candidate, strict=True)])
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
 
 @dataclass
 class Result:
@@ -101,20 +114,27 @@ class Result:
     seconds: float = 0.0
     load: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None  # loadavg before/after
     pressure: tuple[str, str] | None = None  # CPU pressure (PSI) before/after, where the kernel reports it
+    about: str = ""  # the benchmark module's docstring: how it measures and what it checks
 
 
-def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[[int], T],
-                log: Callable[[str], None] = lambda _line: None) -> tuple[list[T], list[T]]:
+def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[[int], U],
+                log: Callable[[str], None] = lambda _line: None) -> tuple[list[T], list[U]]:
     """``repeats`` runs of each side, interleaved: B C, then C B, then B C... so that a drift
     of the machine's load over time hits both sides alike. Each callable gets the repetition."""
     base: list[T] = []
-    cand: list[T] = []
+    cand: list[U] = []
+
+    def run_baseline(i: int) -> None:
+        base.append(baseline(i))
+        log(f"  repetition {i + 1}/{repeats} baseline: done")
+
+    def run_candidate(i: int) -> None:
+        cand.append(candidate(i))
+        log(f"  repetition {i + 1}/{repeats} candidate: done")
+
     for i in range(repeats):
-        sides: Sequence[tuple[str, Callable[[int], T], list[T]]] = [
-            ("baseline", baseline, base), ("candidate", candidate, cand)]
-        for side, fn, into in sides if i % 2 == 0 else list(reversed(sides)):
-            into.append(fn(i))
-            log(f"  repetition {i + 1}/{repeats} {side}: done")
+        for step in (run_baseline, run_candidate) if i % 2 == 0 else (run_candidate, run_baseline):
+            step(i)
     return base, cand
 
 
@@ -182,6 +202,8 @@ def report(result: Result, machine: str) -> str:
     ]
     if result.notes:
         parts += ["notes:", *(f"  - {line}" for line in result.notes)]
+    if result.about:
+        parts += ["how (the benchmark's docstring):", *(f"  {line}".rstrip() for line in result.about.splitlines())]
     parts += ["per repetition:", raw_values(result)]
     if result.load is not None:
         before, after = result.load
@@ -214,19 +236,6 @@ def cpu_pressure() -> str:
         return "n/a"
     fields = dict(item.split("=", 1) for item in line.split()[1:])
     return f"avg10 {fields.get('avg10', '?')}%, avg60 {fields.get('avg60', '?')}%"
-
-
-def _meminfo_gib() -> str:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return f"{int(line.split()[1]) / 2**20:.1f} GiB"
-    except OSError:
-        pass
-    try:
-        return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
-    except (ValueError, OSError, AttributeError):
-        return "unknown"
 
 
 def _cpu_model() -> str:
@@ -264,11 +273,12 @@ def _version(package: str) -> str:
 
 def machine() -> str:
     """The machine and software the numbers were taken on."""
+    import psutil
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
     return "\n".join([
         f"  cpu: {_cpu_model()}; {os.cpu_count()} logical cores ({affinity} usable by this process)",
-        f"  memory: {_meminfo_gib()}",
+        f"  memory: {psutil.virtual_memory().total / 2**30:.1f} GiB",
         f"  os: {platform.platform()}",
         f"  python: {sys.version.split()[0]} ({platform.python_implementation()}) at {sys.executable}",
         f"  packages: {versions}",

@@ -6,6 +6,7 @@ which is stopped (SIGTERM, then SIGKILL) when the benchmark ends, also on failur
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from benchmarks.processes import stop_group
 
 
 def free_port() -> int:
@@ -31,8 +34,7 @@ class PrefectServer:
     def __init__(self, startup_timeout_s: float = 180) -> None:
         self.startup_timeout_s = startup_timeout_s
         self.home = Path(tempfile.mkdtemp(prefix="conveyor-bench-prefect-"))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.url = f"http://127.0.0.1:{free_port()}/api"
         self.startup_s = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -43,16 +45,16 @@ class PrefectServer:
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
     def __enter__(self) -> PrefectServer:
-        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PREFECT_SERVER_UI_ENABLED": "false"}
-        env.pop("PREFECT_API_URL", None)
+        env = {**self.env, "PREFECT_SERVER_UI_ENABLED": "false"}
+        env.pop("PREFECT_API_URL")
         started = time.monotonic()
+        port = self.url.split(":")[-1].split("/")[0]
         with (self.home / "server.log").open("wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                           "--port", port], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
         try:
-            self._wait_healthy()
+            self._wait_healthy(self._proc, started + self.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -62,13 +64,11 @@ class PrefectServer:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
-    def _wait_healthy(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout_s
+    def _wait_healthy(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+            if proc.poll() is not None:
                 log = (self.home / "server.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"prefect server exited with {self._proc.returncode}:\n{log}")
+                raise RuntimeError(f"prefect server exited with {proc.returncode}:\n{log}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
                     if resp.status == 200:
@@ -78,16 +78,13 @@ class PrefectServer:
         raise RuntimeError(f"prefect server at {self.url} not healthy after {self.startup_timeout_s:.0f} s")
 
     def stop(self, timeout_s: float = 30) -> None:
-        """Stop the server's process group and remove its PREFECT_HOME."""
+        """Stop the server's process group (SIGTERM, SIGKILL after ``timeout_s``) and remove its PREFECT_HOME."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            try:
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            except ProcessLookupError:
-                proc.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)
+            stop_group(proc.pid, grace_s=0)  # what is left of its group, SIGKILLed
+            proc.wait()
         shutil.rmtree(self.home, ignore_errors=True)

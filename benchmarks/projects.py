@@ -4,20 +4,22 @@ run in them with or without a Prefect server, run records, and the processes a r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import statistics
+import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import check, timed
+from benchmarks import commands
+from benchmarks.harness import REPO, check, median, side_report
 from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import leftovers
 
 TIMEOUT_S = 600  # any one command
 
@@ -63,10 +65,39 @@ def cli(args: Sequence[str], cwd: Path, env: Mapping[str, str],
     return proc
 
 
-def timed_cli(args: Sequence[str], cwd: Path, env: Mapping[str, str],
-              timeout: float = TIMEOUT_S) -> tuple[float, subprocess.CompletedProcess[str]]:
-    """Seconds the command took (wall, from the parent), checked to exit 0."""
-    return timed(lambda: cli(args, cwd, env, timeout))
+def timed_cli(args: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float = TIMEOUT_S,
+              *, memory: bool = False, strict: bool = True) -> commands.Timed:
+    """The command timed by hyperfine (and its tree's peak RSS with ``memory``), checked to exit 0."""
+    return commands.timed(args, cwd, env, timeout=timeout, memory=memory, strict=strict)
+
+
+def repo_env() -> dict[str, str]:
+    """This environment with the repository on PYTHONPATH: a ``python -c`` side imports ``benchmarks``, ``tasks``."""
+    return {**base_env(), "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+
+def conveyor_command() -> str:
+    """The ``conveyor`` beside this interpreter (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("conveyor")
+    return str(beside) if beside.is_file() else "conveyor"
+
+
+class Copies:
+    """Fresh copies of pristine projects, one per run, so that every run of every side does the whole work."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch, self.count = scratch, 0
+
+    @contextmanager
+    def fresh(self, template: Path, side: str) -> Iterator[Path]:
+        """A copy of ``template`` for one run of ``side``, removed once the caller has checked it."""
+        self.count += 1
+        workdir = self.scratch / f"{self.count:04d}-{side}"
+        shutil.copytree(template, workdir, symlinks=True)
+        try:
+            yield workdir
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def make_repo(root: Path, files: Mapping[str, str], *, dvc: bool) -> None:
@@ -112,39 +143,38 @@ def check_no_leftovers(home: Path, what: str) -> None:
     check(not left, f"{what} left processes running 10 s after it exited (pids {left}, killed)")
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
 def per_stage_ms(big: Sequence[float], small: Sequence[float], extra_stages: int) -> list[float]:
     """Per repetition: (T(many stages) - T(one stage)) / extra stages, in ms."""
     return [(b - s) / extra_stages * 1000 for b, s in zip(big, small, strict=True)]
 
 
-def met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
+def phases(record: Mapping[str, Any], began: datetime, seconds: float) -> tuple[float, float, float]:
+    """A run's seconds before its record's ``started`` (interpreter, imports, loading, any server start),
+    from ``started`` to ``finished``, and after (summary, exit), for a command begun at ``began``."""
+    started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
+    before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
+    return before, inside, seconds - before - inside
 
 
-def leftovers(home: Path, grace_s: float = 10) -> list[int]:
-    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (an embedded
-    server that outlived it); they are ended (they are this benchmark's) so as not to load the next run."""
-    deadline = time.monotonic() + grace_s
-    while (found := with_prefect_home(home)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return found
+def phases_note(what: str, runs: Sequence[tuple[float, float, float]]) -> str:
+    before, inside, after = (median([p[k] for p in runs]) for k in range(3))
+    return (f"where {what} spends its time (medians, split by its run record's started/finished): {before:.2f} s "
+            f"before `started`, {inside:.2f} s from `started` to `finished`, {after:.2f} s after `finished`")
 
 
-def with_prefect_home(home: Path) -> list[int]:
-    marker = f"PREFECT_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+@dataclass
+class SideRun:
+    """One fresh process of a benchmark's side: the work as timed inside it, the process's wall
+    (hyperfine), its tree's peak RSS (psutil) and the JSON report it printed last."""
+
+    seconds: float
+    wall: float
+    peak_mib: float
+    report: dict[str, Any]
+
+
+def run_side(args: Sequence[str], side: str) -> SideRun:
+    """``args`` (a ``python -c`` side or a plain script) in the repository, timed and sampled."""
+    done = timed_cli(args, REPO, repo_env(), memory=True)
+    report = side_report(done.stdout, side)
+    return SideRun(float(report["seconds"]), done.seconds, done.peak_mib, report)

@@ -5,7 +5,7 @@ process runs torch's baseline kernels instead of its AVX2/AVX-512 ones, MKL's co
 path, and one thread (:mod:`conveyor.run.determinism`); the goal is at most 1.3x the
 training's wall without them. Both sides call the reference task, ``tasks.train:mlp_model``,
 with the params of ``train.mlp`` (params.yaml) on the reference data's splits (written once
-by ``benchmarks/plain_reference.py``, not timed), each in a fresh process:
+by ``benchmarks/overhead/plain_reference.py``, not timed), each in a fresh process:
 
 - baseline: the environment as it is (torch picks its kernels and one thread per core);
 - candidate: that environment with ``pinned_environ`` over it, as conveyor starts a
@@ -75,7 +75,7 @@ def _side(side: str, processed: Path, work: Path, env: dict[str, str]) -> tuple[
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     began = time.perf_counter()
-    done = subprocess.run(side_command("benchmarks.deterministic", str(processed), str(out)), cwd=REPO, env=env,
+    done = subprocess.run(side_command("benchmarks.compute.deterministic", str(processed), str(out)), cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - began
     check(done.returncode == 0, f"{side}: exit {done.returncode}: {done.stderr[-2000:]}")
@@ -90,8 +90,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     pinned_env = machine_env | pinned_environ(machine_env)
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-deterministic-") as tmp:
         work = Path(tmp)
-        log(f"{NAME}: the reference data's splits (benchmarks/plain_reference.py, not timed)")
-        subprocess.run([sys.executable, str(REPO / "benchmarks/plain_reference.py"), str(work / "plain")],
+        log(f"{NAME}: the reference data's splits (benchmarks/overhead/plain_reference.py, not timed)")
+        subprocess.run([sys.executable, str(REPO / "benchmarks/overhead/plain_reference.py"), str(work / "plain")],
                        cwd=REPO, env=machine_env, check=True, capture_output=True, timeout=600)
         processed = work / "plain/data/processed"
         base, cand = interleaved(repeats, lambda _i: _side(BASELINE, processed, work, machine_env),

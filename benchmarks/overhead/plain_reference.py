@@ -1,6 +1,6 @@
 """The reference pipeline as one plain script: no orchestrator, no Dask, one process.
 
-``python benchmarks/plain_reference.py OUTDIR [--project DIR]``: what a data scientist
+``python benchmarks/overhead/plain_reference.py OUTDIR [--project DIR]``: what a data scientist
 would write in one file to do the work of ``configs/pipeline.yaml``, with the same
 libraries and the project's ``params.yaml`` (``DIR``, default the repository holding this
 script). It writes under ``OUTDIR`` the same kinds of outputs the pipeline writes:
@@ -100,7 +100,8 @@ def ingest(params: Mapping[str, Any], out: Path) -> pd.DataFrame:
 
 def preprocess(raw: pd.DataFrame, params: Mapping[str, Any], seed: int, out: Path) -> dict[str, pd.DataFrame]:
     """Clean, split (exact, stratified, seeded), fit stats on train, standardise, write the splits."""
-    from benchmarks.plain_preprocess import split_frame  # the project's own pandas helpers (no conveyor, no dask)
+    # the project's own pandas helpers (no conveyor, no dask)
+    from benchmarks.compute.plain_preprocess import split_frame
     from tasks import preprocess as prep
     from tasks.split import SPLITS as SPLIT_NAMES
     from tasks.split import Fractions
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("outdir", type=Path, help="where to write data/, models/, metrics/, plots/ (must not exist "
                                                   "or be empty)")
-    parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[1],
+    parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[2],
                         help="the project whose params.yaml and tasks/ to use (default: this repository)")
     args = parser.parse_args(argv)
     out: Path = args.outdir.resolve()

@@ -8,7 +8,7 @@ imports done before the clock starts), on synthetic HIGGS-shaped parquet parts
 (``conveyor.ingest.synthetic``, seed 42, as ``preprocess-workers`` generates them; one part
 per 62,500 rows: 16 parts at 1,000,000 rows):
 
-- baseline, pandas: ``benchmarks/plain_preprocess.py``: every part read with pandas into
+- baseline, pandas: ``benchmarks/compute/plain_preprocess.py``: every part read with pandas into
   one frame, then the task's own per-partition helpers (split keys, cut points, tagging,
   statistics, standardising) applied to the whole frame, one ``part-00000.parquet`` per
   split and stats.json written with the task's ``_summary``. No dask, no conveyor.
@@ -24,17 +24,13 @@ The wall of the work is timed inside each process (pandas: from the first read t
 stats.json written; conveyor: ``prepare`` alone); the whole process's wall (interpreter,
 imports, cluster start and stop) is in a note. Peak memory is the summed RSS of the
 process tree (for the 2-worker side: the client process, which also runs the scheduler,
-the nannies and the workers), sampled from /proc every 100 ms over the whole process.
-The sides alternate (P I C, I C P, C P I, ...) so that a drift of the machine's load
-hits them alike.
+the nannies and the workers), sampled by psutil every 100 ms over the whole process
+(timed by hyperfine). The sides rotate (P I C, I C P, C P I, ...).
 
 Before any ratio: every process exits 0 and leaves nothing running; the pandas side
 imported none of dask, distributed, conveyor, prefect; every run split all rows with the
-same per-split row and class counts (stats.json and the written parts); every pandas run
-wrote the same bytes; each conveyor run wrote the same rows as pandas (sorted row-wise:
-labels equal, standardised features within ``TOLERANCE`` of a train std) and stats.json
-equal (counts, features, fractions exactly; means and stds within ``TOLERANCE`` of a std).
-The observed largest differences are reported.
+same per-split counts; each conveyor run wrote the pandas rows (sorted row-wise, within
+``TOLERANCE`` of a train std) and stats.json (means and stds within ``TOLERANCE``).
 """
 
 from __future__ import annotations
@@ -54,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, rows_label, side_command, side_report, timed
+from benchmarks.harness import Config, Metric, Result, check, met, rows_label, side_command, timed
+from benchmarks.projects import SideRun, run_side
 
 if TYPE_CHECKING:
     import numpy as np
@@ -108,7 +105,7 @@ def side_main(argv: list[str]) -> int:
     side, raw, out = argv[0], Path(argv[1]).resolve(), Path(argv[2]).resolve()
     if side not in (IN_PROCESS, *CLUSTERS):
         raise SystemExit(f"preprocess_pandas: unknown side {side!r}, expected {IN_PROCESS}, {', '.join(CLUSTERS)}")
-    from benchmarks.preprocess_workers import cpu_worker_env, preprocess_context, start_cluster, warm_imports
+    from benchmarks.compute.preprocess_workers import cpu_worker_env, preprocess_context, start_cluster, warm_imports
     from benchmarks.stages import current
     from tasks.preprocess import prepare
 
@@ -211,23 +208,13 @@ def compare(reference: Outputs, outputs: Outputs, side: str, agreement: Agreemen
 
 
 @dataclass
-class Run:
-    """One measurement of one side."""
-
-    seconds: float  # the work, timed inside the process
-    wall: float  # the whole process, from outside
-    peak_mib: float  # summed RSS of the process tree
-    report: dict[str, Any]
-
-
-@dataclass
 class Size:
     """Everything measured at one number of rows."""
 
     rows: int
     parts: int
     raw_mib: float
-    runs: dict[str, list[Run]] = field(default_factory=lambda: {side: [] for side in SIDES})
+    runs: dict[str, list[SideRun]] = field(default_factory=lambda: {side: [] for side in SIDES})
 
     def seconds(self, side: str) -> list[float]:
         return [r.seconds for r in self.runs[side]]
@@ -236,42 +223,37 @@ class Size:
         return statistics.median(float(getattr(r, what)) for r in self.runs[side])
 
 
-def measure(side: str, raw: Path, out: Path, env: dict[str, str]) -> Run:
+def measure(side: str, raw: Path, out: Path) -> SideRun:
     """One fresh process of ``side`` on ``raw``, writing ``out``."""
-    from benchmarks.preprocess_workers import PARAMS
-    from benchmarks.reference import execute
-
+    from benchmarks.compute.preprocess_workers import PARAMS
     if side == PANDAS:
         params = PARAMS["preprocess"]
         args = [sys.executable, str(PLAIN), str(raw), str(out), "--label", str(params["label"]),
                 "--valid", str(params["valid_fraction"]), "--test", str(params["test_fraction"]),
                 "--seed", str(PARAMS["seed"])]
     else:
-        args = side_command("benchmarks.preprocess_pandas", side, str(raw), str(out))
-    wall, peak, stdout = execute(args, REPO, env, side)
-    report = side_report(stdout, side)
+        args = side_command("benchmarks.compute.preprocess_pandas", side, str(raw), str(out))
+    done = run_side(args, side)
     if side == PANDAS:
-        check(report["forbidden"] == [], f"pandas: the plain script imported {report['forbidden']}")
-    return Run(seconds=float(report["seconds"]), wall=wall, peak_mib=peak, report=report)
+        check(done.report["forbidden"] == [], f"pandas: the plain script imported {done.report['forbidden']}")
+    return done
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    from benchmarks.preprocess_workers import generate
-    from benchmarks.reference import repo_env
+    from benchmarks.compute.preprocess_workers import generate
 
     sizes = QUICK_SIZES if config.quick else FULL_SIZES
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-preprocess-pandas-"))
-    env = repo_env()
     agreement = Agreement()
     measured: list[Size] = []
     counter = [0]
 
-    def one(side: str, raw: Path, rows: int, reference: list[Outputs]) -> Run:
+    def one(side: str, raw: Path, rows: int, reference: list[Outputs]) -> SideRun:
         """Measure ``side``, check what it wrote against the pandas reference, remove it."""
         counter[0] += 1
         out = scratch / f"run-{counter[0]:03d}-{side}" / "processed"
-        result = measure(side, raw, out, env)
+        result = measure(side, raw, out)
         if side == PANDAS:
             outputs = observe(out, side, rows_in=rows, sort=not reference)
             if not reference:
@@ -315,7 +297,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
 
 def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreement) -> Result:
-    from benchmarks.preprocess_workers import cpu_worker_env
+    from benchmarks.compute.preprocess_workers import cpu_worker_env
 
     metrics: list[Metric] = []
     ratios: dict[int, float] = {}
@@ -336,30 +318,12 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
                            [r.peak_mib for r in size.runs[CLUSTER]], digits=0)]
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline="pandas: `python benchmarks/plain_preprocess.py`, the same steps on one frame in one process",
+        baseline="pandas: `python benchmarks/compute/plain_preprocess.py`, the same steps on one frame in one process",
         candidate="tasks.preprocess:prepare in a fresh process, in process (ctx.client None) or on a 2-worker "
                   "LocalCluster started beforehand, as each metric says",
         repeats=repeats, metrics=metrics,
-        setup={"data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features and an "
-                       "int64 label), one parquet part per 62,500 rows: "
-                       + ", ".join(f"{s.rows:,} rows in {s.parts} parts ({s.raw_mib:.0f} MiB)" for s in sizes),
-               "params": "preprocess.label target, valid_fraction 0.15, test_fraction 0.2, seed 42",
-               "pandas": "pd.read_parquet of the directory (pyarrow's threads), the task's helpers on the whole frame, "
-                         "one parquet part per split",
-               "in process": "prepare(ctx) with ctx.client None: dask's local scheduler in the process (sync where "
-                             "the task read the data at once, else its threads)",
-               "2 workers": f"LocalCluster(n_workers={WORKERS}, threads_per_worker=1, processes=True, host 127.0.0.1, "
-                            "memory_limit 6GiB) started in the process before the clock starts, the task's modules "
-                            "imported in the workers, closed after; the workers' environment as the cpu profile of "
-                            f"configs/scale.yaml sets it (worker_env {json.dumps(cpu_worker_env())})",
-               "2 workers in Dask's worker environment": "the same cluster, the workers' environment Dask's "
-                            "distributed.nanny.pre-spawn-environ as it ships (MALLOC_TRIM_THRESHOLD_ 65536, "
-                            "OMP/MKL/OpenBLAS threads 1)",
-               "timing": "the work only, timed inside each fresh process (imports, cluster start and stop excluded); "
-                         "sides rotate from one repetition to the next; one uncounted warm-up run of each side on "
-                         f"{WARM_UP_ROWS:,} rows first",
-               "memory": "summed RSS of the process and its descendants, sampled from /proc every 100 ms over the "
-                         "whole process (shared pages counted once per process)",
+        setup={"data": ", ".join(f"{s.rows:,} rows in {s.parts} parts ({s.raw_mib:.0f} MiB)" for s in sizes),
+               "2 workers' worker_env": json.dumps(cpu_worker_env()), "warm-up rows": f"{WARM_UP_ROWS:,}",
                "cores": str(os.cpu_count())},
         checks=["every process exited 0 and left no process of its group running",
                 "the pandas side imported none of dask, distributed, conveyor, prefect",
@@ -378,26 +342,18 @@ def _result(config: Config, repeats: int, sizes: list[Size], agreement: Agreemen
 def _notes(config: Config, sizes: list[Size], ratios: dict[int, float], agreement: Agreement) -> list[str]:
     notes = []
     for size in sizes:
-        notes.append(
-            f"{size.rows:,} rows: the work took {size.median(PANDAS):.2f} s with pandas, "
-            f"{size.median(IN_PROCESS):.2f} s in process, {size.median(CLUSTER):.2f} s on 2 workers (medians); the "
-            f"whole process {size.median(PANDAS, 'wall'):.2f} s, {size.median(IN_PROCESS, 'wall'):.2f} s, "
-            f"{size.median(CLUSTER, 'wall'):.2f} s (interpreter, imports and, on 2 workers, the cluster's start and "
-            "stop included)")
+        walls = (size.median(side, "wall") for side in (PANDAS, IN_PROCESS, CLUSTER))
+        notes.append(f"{size.rows:,} rows, the whole process (medians): pandas, in process, 2 workers: "
+                     + ", ".join(f"{wall:.2f} s" for wall in walls))
     wins = [f"{size.rows:,} rows ({ratios[size.rows]:.2f}x)" for size in sizes if ratios[size.rows] > 1]
     best = max(sizes, key=lambda s: ratios[s.rows])
     notes.append(f"the 2-worker cluster beats pandas at {', '.join(wins)}" if wins else
                  f"the 2-worker cluster beats pandas at no size measured (closest: {ratios[best.rows]:.2f}x at "
                  f"{best.rows:,} rows)")
-    if GOAL_ROWS in ratios:
-        met = ratios[GOAL_ROWS] >= GOAL_RATIO
-        notes.append(f"goal (the issue): at {GOAL_ROWS:,} rows on 2 workers at least {GOAL_RATIO}x faster than the "
-                     f"single-process pandas version of the same steps: {'MET' if met else 'NOT MET'} "
-                     f"({ratios[GOAL_ROWS]:.2f}x)")
-    else:
-        ran = ", ".join(f"{s.rows:,}" for s in sizes)
-        notes.append(f"goal (the issue): at {GOAL_ROWS:,} rows on 2 workers at least {GOAL_RATIO}x faster than pandas: "
-                     f"not measured (this run: {ran} rows{'; --quick' if config.quick else ''})")
+    verdict = (f"{met(ratios[GOAL_ROWS] >= GOAL_RATIO)} ({ratios[GOAL_ROWS]:.2f}x)" if GOAL_ROWS in ratios else
+               f"not measured (this run: {', '.join(f'{s.rows:,}' for s in sizes)} rows)")
+    notes.append(f"goal (the issue): at {GOAL_ROWS:,} rows on 2 workers at least {GOAL_RATIO}x faster than pandas: "
+                 + verdict)
     for size in sizes:
         notes.append(f"{size.rows:,} rows on 2 workers: {size.median(CLUSTER):.2f} s with the profile's worker_env, "
                      f"{size.median(DASK_ENV):.2f} s in Dask's worker environment (MALLOC_TRIM_THRESHOLD_ 65536: glibc "
@@ -419,9 +375,6 @@ def _notes(config: Config, sizes: list[Size], ratios: dict[int, float], agreemen
     notes.append(
         f"agreement with pandas: standardised values within {agreement.rows:.2g}, means within {agreement.mean:.2g} "
         f"and stds within {agreement.std:.2g} of a std (the order of float64 sums, partitioned or not)")
-    notes.append("pandas reads with pyarrow's threads and runs the rest on one core; in process, dask's local "
-                 "scheduler uses a thread per core (sync when the task read the data at once); the 2 workers have "
-                 f"one thread each, and the client and scheduler share the machine's {os.cpu_count()} cores with them")
     return notes
 
 

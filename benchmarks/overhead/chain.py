@@ -29,7 +29,7 @@ interpreter, imports, the flow run) can be told from the cost of one more stage:
 ``(T(50) - T(1)) / 49``. Expected bounds (the goals): at most 20 ms of orchestration per
 stage that runs; conveyor no slower than `dvc repro -f` (which starts an interpreter per
 stage) and within 1.5x the bare Prefect flow (the same bound as a no-op run against
-`dvc repro`, see ``benchmarks.noop``); against the loop, within the loop's time plus a
+`dvc repro`, see ``benchmarks.overhead.noop``); against the loop, within the loop's time plus a
 0.5 s start (the CLI's goal) plus 20 ms per stage.
 """
 
@@ -44,20 +44,20 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.noop import CLI_GOAL_S
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met
+from benchmarks.overhead.noop import CLI_GOAL_S
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
+    Copies,
     chain_text,
     check_no_leftovers,
     check_record,
-    leftovers,
     make_repo,
-    median,
-    met,
     no_server_env,
     out,
     per_stage_ms,
+    phases,
+    phases_note,
     run_record,
     server_env,
     stage,
@@ -189,10 +189,10 @@ class Templates:
 class Fresh:
     """Runs each command in its own fresh copy of a template, checks what it left, removes the copy."""
 
-    scratch: Path
-    count: int = 0
+    copies: Copies
     phases: dict[tuple[str, int], list[tuple[float, float, float]]] = field(default_factory=dict)  # conveyor
     inside: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (side, steps): seconds in the flow
+    left: int = 0  # runs of the bare flow whose temporary server outlived them (killed)
 
     def forget(self) -> None:
         """Drop what the uncounted warm-up runs left in ``phases`` and ``inside``."""
@@ -200,16 +200,15 @@ class Fresh:
         self.inside.clear()
 
     def run(self, side: str, template: Path, args: Sequence[str], env: Mapping[str, str], n: int) -> float:
-        self.count += 1
-        workdir = self.scratch / f"{self.count:04d}-{side}"
-        shutil.copytree(template, workdir, symlinks=True)
-        try:
+        with self.copies.fresh(template, side) as workdir:
             began = datetime.now(UTC)
-            seconds, proc = timed_cli(args, workdir, env)
+            done = timed_cli(args, workdir, env, strict=side != "bare-flow-temporary-server")
+            seconds = done.seconds
+            self.left += done.left
             self._outs(workdir, n, side)
             if args[-2:-1] == ["bare_flow.py"]:
-                lines = [line for line in proc.stdout.splitlines() if line.startswith(IN_FLOW)]
-                check(len(lines) == 1, f"{side}: the flow did not print {IN_FLOW!r}:\n{proc.stdout[-2000:]}")
+                lines = [line for line in done.stdout.splitlines() if line.startswith(IN_FLOW)]
+                check(len(lines) == 1, f"{side}: the flow did not print {IN_FLOW!r}:\n{done.stdout[-2000:]}")
                 self.inside.setdefault((side, n), []).append(float(lines[0].removeprefix(IN_FLOW)))
             if args[0] == "dvc":
                 lock = yaml.safe_load((workdir / "dvc.lock").read_text())
@@ -218,13 +217,10 @@ class Fresh:
             elif args[0] == "conveyor":
                 record = run_record(workdir)
                 check_record(record, [stage(k) for k in range(n)], "succeeded", side)
-                started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
-                before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
-                self.phases.setdefault((side, n), []).append((before, inside, seconds - before - inside))
-                self.inside.setdefault((side, n), []).append(inside)
+                split = phases(record, began, seconds)
+                self.phases.setdefault((side, n), []).append(split)
+                self.inside.setdefault((side, n), []).append(split[1])
             return seconds
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
 
     @staticmethod
     def _outs(workdir: Path, n: int, side: str) -> None:
@@ -240,7 +236,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     repeats = config.reps(full=5, quick=2)
     cold_repeats = 1 if config.quick else 2
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-chain-"))
-    fresh = Fresh(scratch)
+    fresh = Fresh(Copies(scratch))
     python = "python"  # the interpreter first on base_env()'s PATH: this one's
     try:
         tpl = Templates.make(scratch / "templates", n)
@@ -281,12 +277,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         home = scratch / "prefect-home-embedded"
         home.mkdir()
         cold_env = no_server_env(home)
-        bare_left: list[int] = []
 
         def cold_bare(size: int) -> float:
-            seconds = bare(cold_env, size, "bare-flow-temporary-server")
-            bare_left.extend(leftovers(home))
-            return seconds
+            return bare(cold_env, size, "bare-flow-temporary-server")
 
         def cold_conveyor(size: int) -> float:
             seconds = conveyor(cold_env, size, "conveyor-embedded-server")
@@ -303,7 +296,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         cold_base, cold_cand = interleaved(cold_repeats, lambda _i: cold_bare(n), lambda _i: cold_conveyor(n), log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return _result(n, repeats, startup_s, (base, cand), (cold_base, cold_cand), fresh, bare_left)
+    return _result(n, repeats, startup_s, (base, cand), (cold_base, cold_cand), fresh)
 
 
 def _col(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
@@ -311,7 +304,7 @@ def _col(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
 
 
 def _result(n: int, repeats: int, startup_s: float, warm: tuple[list[dict[str, float]], list[dict[str, float]]],
-            cold: tuple[list[float], list[float]], fresh: Fresh, bare_left: list[int]) -> Result:
+            cold: tuple[list[float], list[float]], fresh: Fresh) -> Result:
     base, cand = warm
     conv = _col(cand, "conveyor")
     budget_s = CLI_GOAL_S + n * STAGE_GOAL_MS / 1000
@@ -349,11 +342,11 @@ def _result(n: int, repeats: int, startup_s: float, warm: tuple[list[dict[str, f
         "steps or repetitions; row 5 leaves them out)",
         f"vs the loop: goal conveyor <= loop + {CLI_GOAL_S:g} s start + {n} x {STAGE_GOAL_MS:g} ms = "
         f"{m['loop'] + budget_s:.2f} s, i.e. ratio >= {loop_goal:.2f}: {met(m['conveyor'] <= m['loop'] + budget_s)}",
-        f"vs the bare Prefect flow: conveyor took {_share(vs_bare):.2f}x its time (goal <= {PREFECT_GOAL:g}x: "
-        f"{met(_share(vs_bare) <= PREFECT_GOAL)}); with the servers each starts itself (PREFECT_API_URL unset) "
-        f"{_share(embedded):.2f}x: bare flow {m['cold_bare']:.2f} s, conveyor {m['cold_conveyor']:.2f} s",
-        f"vs dvc repro -f: conveyor took {_share(vs_dvc):.2f}x its time (goal <= {DVC_GOAL:g}x: "
-        f"{met(_share(vs_dvc) <= DVC_GOAL)})",
+        f"vs the bare Prefect flow: conveyor took {vs_bare.share():.2f}x its time (goal <= {PREFECT_GOAL:g}x: "
+        f"{met(vs_bare.share() <= PREFECT_GOAL)}); with the servers each starts itself (PREFECT_API_URL unset) "
+        f"{embedded.share():.2f}x: bare flow {m['cold_bare']:.2f} s, conveyor {m['cold_conveyor']:.2f} s",
+        f"vs dvc repro -f: conveyor took {vs_dvc.share():.2f}x its time (goal <= {DVC_GOAL:g}x: "
+        f"{met(vs_dvc.share() <= DVC_GOAL)})",
     ]
     notes.append(f"per stage inside the flow (row 5; F is the time inside the flow, less noisy than the wall: no "
                  f"interpreter start, no exit; for the bare flow the span of its task loop, for conveyor its run "
@@ -363,55 +356,21 @@ def _result(n: int, repeats: int, startup_s: float, warm: tuple[list[dict[str, f
                  f"{met(median(in_flow.candidate) <= STAGE_GOAL_MS)}")
     for side, what in (("conveyor", "shared server"), ("conveyor-embedded-server", "embedded server")):
         if fresh.phases.get((side, n)):
-            before, within, after = (median([p[k] for p in fresh.phases[side, n]]) for k in range(3))
-            notes.append(f"where `conveyor run --force` ({what}) spends its time on {n} stages (medians, split "
-                         f"by its run record's started/finished): {before:.2f} s before `started` (interpreter, "
-                         f"imports, loading the spec, the flow run, any server start), {within:.2f} s from `started` "
-                         f"to `finished`, {after:.2f} s after `finished` (summary, exit)")
-    if bare_left:
-        notes.append(f"the bare Prefect flow left {len(bare_left)} process(es) of its temporary server running 10 s "
-                     "after it exited (killed before the next run)")
+            notes.append(phases_note(f"`conveyor run --force` ({what}, {n} stages)", fresh.phases[side, n]))
+    if fresh.left:
+        notes.append(f"the bare Prefect flow left its temporary server running 10 s after it exited in {fresh.left} "
+                     "run(s) (killed before the next run)")
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline=f"the same {n} steps as a plain Python loop, a bare Prefect flow of {n} tasks, `dvc repro -f` of "
                  f"{n} cmd stages",
         candidate=f"`conveyor run --force` of a spec of {n} task stages (steps.chain:step)",
         repeats=repeats, metrics=[vs_loop, vs_bare, vs_dvc, per, in_flow, embedded],
-        setup={"rows": "the candidate is `conveyor run --force` of the N-stage spec on every row; rows 1-3 and 6 "
-                       "are wall-time ratios; rows 4-5 the cost of one more stage, in ms",
-               "chain": f"{n} steps s00 -> s{n - 1:02d}; s<k> reads out/s<k-1>.txt and writes out/s<k>.txt (its "
-                        "text plus a line with its name); every side calls the same function (steps/chain.py)",
-               "plain loop": f"`python loop.py {n}`: one process calling the step {n} times",
-               "bare Prefect flow": "`python bare_flow.py N`: @flow of N @task(cache_policy=NO_CACHE, "
-                                    "persist_result=False) runs, each .submit(k).result() after the previous",
-               "dvc repro -f": "dvc.yaml of N cmd stages `python -c \"import steps.chain as c; c.by_index(k)\"`, "
-                               "deps the previous out, outs its own; git init + dvc init + one commit",
-               "conveyor": "`conveyor run -c configs/chainN.yaml --force`: N stages `task: steps.chain:step`, deps "
-                           "the previous out, outs its own; pyproject.toml, params.yaml, task_packages [steps]; git "
-                           "init + one commit (no DVC: conveyor's own record)",
-               "fresh copies": "every measured run of every side in its own copy of a pristine template (no outs, "
-                               "no lock, no run record), removed after it is checked",
-               "per stage": f"1-step runs of the bare flow, dvc and conveyor in the same repetitions: "
-                            f"(T({n}) - T(1)) / {n - 1} per repetition",
-               "prefect (rows 1-5)": f"one `prefect server start` on 127.0.0.1 (temporary PREFECT_HOME), up in "
-                                     f"{startup_s:.1f} s before the first measurement; PREFECT_API_URL points the "
-                                     "bare flow and conveyor at it",
-               "prefect (row 6)": "PREFECT_API_URL unset (the bare flow gets Prefect's temporary server, conveyor "
-                                  "its embedded one), a temporary PREFECT_HOME whose database uncounted 1-step "
-                                  f"runs created: each run starts its own server; {len(cold[0])} repetition(s)",
-               "warm-up": "one run of each side on the shared server before the repetitions, not counted"},
-        checks=["every command exited 0",
-                f"every run of every side left out/s00.txt ... out/s{n - 1:02d}.txt (and nothing else in out/), each "
-                "with the expected text: identical on every side (DVC's out/.gitignore aside)",
-                "every dvc repro -f run recorded every stage in dvc.lock",
-                f"every conveyor run's record (.conveyor/runs/latest.json): the run and each of its {n} (or 1) "
-                "stages succeeded",
-                "no process of conveyor's embedded Prefect server outlived its run (by PREFECT_HOME)"],
+        setup={"prefect server start": f"up in {startup_s:.1f} s before the first measurement (rows 1-5)",
+               "repetitions without a server (row 6)": str(len(cold[0]))},
+        checks=["every command exited 0; every run of every side left the same out/s00.txt ... "
+                f"out/s{n - 1:02d}.txt and nothing else in out/ (DVC's .gitignore aside)",
+                "dvc.lock (dvc repro -f) and the run record (conveyor: every stage succeeded) list every stage",
+                "no process of conveyor's embedded Prefect server outlived its run"],
         notes=notes,
     )
-
-
-def _share(metric: Metric) -> float:
-    """Median over repetitions of candidate / baseline (how many times the peer's time conveyor took)."""
-    return median([c / b for b, c in zip(metric.baseline, metric.candidate, strict=True)])
-

@@ -37,7 +37,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,9 +46,20 @@ from typing import Any
 
 import yaml
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import leftovers
+from benchmarks.processes import leftovers
+from benchmarks.projects import (
+    Copies,
+    base_env,
+    cli,
+    make_repo,
+    no_server_env,
+    phases,
+    phases_note,
+    server_env,
+    timed_cli,
+)
 
 NAME = "dvc-repro"
 DESCRIPTION = "conveyor run vs dvc repro on the same hand-written dvc.yaml (4 independent branches)"
@@ -113,28 +123,9 @@ def dvc_yaml(sleep_s: float) -> str:
                            branch_deps=", ".join(outs))
 
 
-def _quiet_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {**env, "DVC_NO_ANALYTICS": "1", "COLUMNS": "160"}
-
-
-def _cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, cwd=cwd, env=_quiet_env(env), capture_output=True, text=True, timeout=600)
-    check(proc.returncode == 0, f"`{' '.join(args)}` in {cwd} exited {proc.returncode}:\n"
-                                f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
 def make_template(root: Path, sleep_s: float) -> None:
     """The pristine project every run copies: a git repository, `dvc init`, the dvc.yaml, one commit."""
-    root.mkdir(parents=True)
-    env = dict(os.environ)
-    _cli(["git", "init", "-q"], root, env)
-    _cli(["dvc", "init", "-q"], root, env)
-    (root / "dvc.yaml").write_text(dvc_yaml(sleep_s))
-    (root / PLACED).parent.mkdir()
-    (root / PLACED).write_text(PLACED_SPEC)
-    _cli(["git", "add", "-A"], root, env)
-    _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "dvc.yaml"], root, env)
+    make_repo(root, {"dvc.yaml": dvc_yaml(sleep_s), PLACED: PLACED_SPEC}, dvc=True)
 
 
 def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
@@ -149,7 +140,7 @@ def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
 
 def observe(workdir: Path, env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
     """After a run: `dvc status` is clean; the outs, dvc.lock (parsed) and every .gitignore."""
-    status = _cli(["dvc", "status"], workdir, env)
+    status = cli(["dvc", "status"], workdir, env)
     check(UP_TO_DATE in status.stdout, f"`dvc status` in {workdir.name} is not clean:\n{status.stdout[-3000:]}")
     missing = [out for out in OUTS if not (workdir / out).is_file()]
     check(not missing, f"{workdir.name}: outs missing after the run: {missing}")
@@ -167,18 +158,8 @@ def _own_state(path: Path) -> bool:
     return bool({".git", ".dvc", ".conveyor"} & set(path.parts))
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """What conveyor's run record says of a run: the flow's span, the branches' durations, the most at once."""
-
-    started: datetime
-    finished: datetime
-    branch_s: tuple[float, ...]
-    at_once: int
-
-
-def _record(workdir: Path) -> Recorded:
-    """conveyor's run record of the run (``.conveyor/runs/latest.json``), checked: every stage ran."""
+def _record(workdir: Path) -> tuple[dict[str, Any], tuple[float, ...], int]:
+    """conveyor's run record (checked: every stage ran), its branches' durations and the most at once."""
     record: dict[str, Any] = json.loads((workdir / ".conveyor/runs/latest.json").read_text())
     stages = record["stages"]
     check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES)
@@ -186,35 +167,24 @@ def _record(workdir: Path) -> Recorded:
           f"{workdir.name}: not every stage ran: { {n: (s['status'], s.get('reason')) for n, s in stages.items()} }")
     spans = [(datetime.fromisoformat(stages[b]["started"]), datetime.fromisoformat(stages[b]["finished"]))
              for b in BRANCHES]
-    return Recorded(datetime.fromisoformat(record["started"]), datetime.fromisoformat(record["finished"]),
-                    tuple(float(stages[b]["duration_s"]) for b in BRANCHES), _max_overlap(spans))
+    return record, tuple(float(stages[b]["duration_s"]) for b in BRANCHES), _max_overlap(spans)
 
 
 class Twins:
-    """Fresh copies of the template, one per run, removed once observed."""
+    """Each run in a fresh copy of the template, timed by hyperfine, observed, removed."""
 
     def __init__(self, template: Path, scratch: Path) -> None:
-        self.template, self.scratch, self.count = template, scratch, 0
+        self.template, self.copies = template, Copies(scratch)
 
     def run(self, side: str, args: list[str], env: Mapping[str, str]) -> Outcome:
-        self.count += 1
-        workdir = self.scratch / f"{self.count:03d}-{side}"
-        shutil.copytree(self.template, workdir, symlinks=True)
-        try:
+        with self.copies.fresh(self.template, side) as workdir:
             began = datetime.now(UTC)
-            seconds, proc = timed(lambda: subprocess.run(args, cwd=workdir, env=_quiet_env(env), capture_output=True,
-                                                         text=True, timeout=600))
-            check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
-                                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            seconds = timed_cli(args, workdir, env).seconds
             outs, lock, ignores = observe(workdir, env)
             if args[0] != "conveyor":
                 return Outcome(seconds, outs, lock, ignores)
-            rec = _record(workdir)
-            before, flow = (rec.started - began).total_seconds(), (rec.finished - rec.started).total_seconds()
-            return Outcome(seconds, outs, lock, ignores, (before, flow, seconds - before - flow), rec.branch_s,
-                           rec.at_once)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            record, branch_s, at_once = _record(workdir)
+            return Outcome(seconds, outs, lock, ignores, phases(record, began, seconds), branch_s, at_once)
 
 
 def check_same(base: list[Outcome], cand: list[Outcome], what: str) -> None:
@@ -229,12 +199,6 @@ def check_same(base: list[Outcome], cand: list[Outcome], what: str) -> None:
                                          for s in lock_diff))
         check(b.gitignores == c.gitignores, f"{what}, repetition {i}: .gitignore files differ: dvc repro "
                                             f"{b.gitignores} vs conveyor {c.gitignores}")
-
-
-def _cold_env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    return env
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
@@ -252,18 +216,19 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         with PrefectServer() as server:
             log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
             log(f"{NAME}: warm-up (one conveyor run on the server, not counted)")
-            twins.run("warm-up", conveyor, server.env)
+            env = server_env(server)
+            twins.run("warm-up", conveyor, env)
             log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
-            base, cand = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
-                                     lambda _i: twins.run("conveyor", conveyor, server.env), log)
+            base, cand = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, env),
+                                     lambda _i: twins.run("conveyor", conveyor, env), log)
             log(f"{NAME}: {repeats} interleaved repetitions, conveyor with the branches placed on a threads "
                 f"profile ({PLACED})")
-            placed = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, server.env),
-                                 lambda _i: twins.run("conveyor-placed", [*conveyor, "-c", PLACED], server.env), log)
+            placed = interleaved(repeats, lambda _i: twins.run("dvc-repro", repro, env),
+                                 lambda _i: twins.run("conveyor-placed", [*conveyor, "-c", PLACED], env), log)
             startup_s = server.startup_s
 
         def cold(_i: int) -> Outcome:
-            outcome = twins.run("conveyor-cold", conveyor, _cold_env(cold_home))
+            outcome = twins.run("conveyor-cold", conveyor, no_server_env(cold_home))
             left = leftovers(cold_home)
             check(not left, f"conveyor run left processes of its embedded Prefect server running 10 s after it "
                             f"exited (pids {left}, killed)")
@@ -272,7 +237,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         log(f"{NAME}: cold: one conveyor run with the embedded server to create its database, not counted")
         cold(0)
         log(f"{NAME}: {cold_repeats} interleaved repetitions, conveyor with its embedded server")
-        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: twins.run("dvc-repro", repro, os.environ),
+        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: twins.run("dvc-repro", repro, base_env()),
                                            cold, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -304,59 +269,32 @@ def _result(sleep_s: float, startup_s: float, warm: tuple[list[Outcome], list[Ou
                                           f"expected all {len(ITEMS)}")
     bound = len(ITEMS) / math.ceil(len(ITEMS) / AT_ONCE)
     cand_wall = statistics.median(wall.candidate)
-    before, flow, after = (statistics.median(o.phases[k] for o in cand if o.phases) for k in range(3))
     extra = sorted(d - sleep_s for o in cand for d in o.branch_s)
-    cold_before, _, cold_after = (statistics.median(o.phases[k] for o in cold[1] if o.phases) for k in range(3))
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="`dvc repro` in a fresh copy of the project (one stage at a time)",
         candidate="`conveyor run` in another fresh copy of the same project (independent stages at once)",
         repeats=len(base), metrics=[wall, overhead, cold_wall, placed_wall],
-        setup={"dvc.yaml": f"prepare -> branch@{{{','.join(ITEMS)}}} (foreach) -> join; each branch runs "
-                           f"`sleep {sleep_s:g}` then writes its out from prepare's; prepare and join only write",
-               "twins": "one pristine project (git init, dvc init, dvc.yaml, one commit) copied afresh for "
-                        "every run of either side: no dvc.lock, no outs, no run cache",
+        setup={"sleep per branch": f"{sleep_s:g} s",
                "ideal": f"dvc repro sleeps {serial_sleep:g} s; conveyor {AT_ONCE} at once on {CORES} cores, "
                         f"{parallel_sleep:g} s: a wall ratio bound of {bound:.2f}x (before start-up costs)",
-               "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
-                                     "first measurement (not measured); PREFECT_API_URL points conveyor at it",
-               "prefect (row 3)": "PREFECT_API_URL unset: each `conveyor run` starts its embedded server "
-                                  "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
-                                  f"{len(cold[0])} repetition(s), each with its own dvc repro run",
-               "warm-up": "one conveyor run on the shared server, not counted (the first flow run registers "
-                          "the flow)",
-               "placed (row 4)": f"`conveyor run -c {PLACED}`: the same dvc.yaml, its branches placed on a threads "
-                                 f"profile of max_workers {len(ITEMS)} (stages that wait need no core each; a stage "
-                                 f"with no profile counts against the {CORES} cores), each repetition with its own "
-                                 "dvc repro run"},
-        checks=["every run exited 0",
-                f"after every run `dvc status` printed {UP_TO_DATE!r}",
-                f"every out ({', '.join(OUTS)}) exists and is equal on both sides of each repetition",
-                "dvc.lock parsed as YAML: schema and every stage entry equal on both sides (stage order aside)",
-                "the .gitignore files DVC writes for outs list the same paths on both sides (conveyor's own "
-                ".conveyor/.gitignore aside)",
-                f"conveyor's run record: every stage succeeded, none restored from the run cache, and "
-                f"{AT_ONCE} branches ran at once (os.cpu_count() = {CORES}); {len(ITEMS)} with {PLACED}",
-                "no process of the embedded Prefect server outlived a cold run"],
+               "prefect server start (rows 1, 2, 4)": f"up in {startup_s:.1f} s before the first measurement",
+               "repetitions with the embedded server (row 3)": str(len(cold[0]))},
+        checks=["every run exited 0, and `dvc status` was clean after it",
+                f"every out ({', '.join(OUTS)}), dvc.lock's schema and stage entries, and the .gitignore files DVC "
+                "writes for outs equal on both sides of each repetition",
+                f"conveyor's run record: every stage succeeded, none restored from the run cache, {AT_ONCE} branches "
+                f"at once ({len(ITEMS)} with {PLACED}); no process of its embedded server outlived a cold run"],
         notes=[f"wall minus the sum of the sleeps ({serial_sleep:g} s) on both sides: dvc repro "
                f"{statistics.median(wall.baseline) - serial_sleep:.2f} s, conveyor {cand_wall - serial_sleep:.2f} s "
                f"(medians; conveyor's is its overhead less the {serial_sleep - parallel_sleep:g} s its "
                "overlapping sleeps save)",
-               f"where conveyor's {cand_wall:.2f} s go (medians, shared server; from its run record's started/"
-               f"finished): {before:.2f} s before the flow started (interpreter, imports of conveyor, Prefect and "
-               f"DVC, loading dvc.yaml through DVC, creating the flow run), {flow:.2f} s in the flow (stages: "
-               f"{parallel_sleep:g} s of sleeps on its critical path), {after:.2f} s after it (the flow engine "
-               "finishing, the summary, Prefect draining its workers at exit)",
-               f"with the embedded server instead (row 3): {cold_before:.2f} s before the flow started and "
-               f"{cold_after:.2f} s after it (starting and stopping the server on top of the above)",
+               phases_note(f"`conveyor run` ({cand_wall:.2f} s, shared server; {parallel_sleep:g} s of sleeps on its "
+                           "critical path)", [o.phases for o in cand if o.phases]),
+               phases_note("`conveyor run` with its embedded server (row 3)", [o.phases for o in cold[1] if o.phases]),
                f"conveyor's branch stages took their sleep plus median {extra[len(extra) // 2]:.2f} s, max "
                f"{extra[-1]:.2f} s (the shell, DVC's hashing and recording, Prefect's task run)",
-               f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {_share(wall):.2f} with "
-               f"the shared server, {_share(cold_wall):.2f} with the embedded one, {_share(placed_wall):.2f} with "
+               f"conveyor wall / dvc repro wall (the inverse of the ratio column): median {wall.share():.2f} with "
+               f"the shared server, {cold_wall.share():.2f} with the embedded one, {placed_wall.share():.2f} with "
                f"the branches placed on a threads profile"],
     )
-
-
-def _share(metric: Metric) -> float:
-    """Median over repetitions of candidate / baseline (the fraction of dvc repro's time conveyor took)."""
-    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))

@@ -16,7 +16,7 @@ record's ``placement`` says so; a note lists it), so no Dask worker starts.
   and, as a second figure, with no ``PREFECT_API_URL``, so that every run starts and
   stops Prefect's temporary server itself (its ``PREFECT_HOME`` a temporary folder whose
   database one uncounted run created).
-- baseline: ``benchmarks/plain_reference.py``, the same work in one process with the same
+- baseline: ``benchmarks/overhead/plain_reference.py``, the same work in one process with the same
   libraries and no orchestrator (pandas instead of dask.dataframe, ``xgb.train`` with
   ``nthread=2`` instead of xgboost.dask on two one-thread workers, the same MLP, stack and
   metrics), in another fresh copy.
@@ -41,18 +41,13 @@ server of the first figure is not in conveyor's tree (its RSS at the end is in a
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -64,9 +59,19 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import cli, no_server_env, with_prefect_home
+from benchmarks.processes import rss_mib, with_prefect_home
+from benchmarks.projects import (
+    Copies,
+    base_env,
+    check_no_leftovers,
+    cli,
+    commit,
+    conveyor_command,
+    no_server_env,
+    timed_cli,
+)
 
 NAME = "reference"
 DESCRIPTION = "conveyor run --force of the reference pipeline vs the same work as one plain script"
@@ -81,81 +86,22 @@ AUC_TOLERANCE = 0.02
 ROW_TOLERANCE = 1e-9  # standardised values: dask's partitioned sums vs pandas' may differ in the last bits
 MIN_AUC = 0.9  # a model that learned nothing scores about 0.5
 GOAL = 3.0  # conveyor's wall at most this many times the plain script's
-TIMEOUT_S = 600
-SAMPLE_S = 0.1
-PAGE = os.sysconf("SC_PAGE_SIZE")
-MIB = 2**20
-
-
-# --- the process tree's memory -----------------------------------------------------------
-
-
-def process_rss(root: int) -> dict[int, int]:
-    """Bytes of RSS (``/proc/PID/status`` VmRSS) of ``root`` and each of its descendants now
-    (children from ``/proc/PID/task/*/children``: a multi-threaded process forks from any thread)."""
-    rss: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"VmRSS:"):
-                        rss[pid] = int(line.split()[1]) * 1024
-                        break
-            for task in os.scandir(f"/proc/{pid}/task"):
-                with open(os.path.join(task.path, "children"), "rb") as f:
-                    todo += [int(child) for child in f.read().split()]
-        except OSError:  # ended between two reads
-            continue
-    return rss
-
-
-def tree_rss(root: int) -> int:
-    """Bytes of RSS of ``root`` and all its descendants now (:func:`process_rss`, summed)."""
-    return sum(process_rss(root).values())
-
-
-class PeakRss:
-    """The largest :func:`tree_rss` of a process, sampled every ``SAMPLE_S`` on a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name=f"rss-{pid}", daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss(self.pid))
-            self._stop.wait(SAMPLE_S)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 # --- the project copies -------------------------------------------------------------------
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, timeout=120, check=False)
-    check(proc.returncode == 0, f"`{' '.join(args)}` exited {proc.returncode}: {proc.stderr[-2000:].decode()}")
-    return proc
-
-
 def make_template(root: Path) -> None:
     """The repository's tracked files at HEAD, as a fresh clone has them, in a new git repository."""
     root.mkdir(parents=True)
-    archive = _cli(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], REPO).stdout
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], capture_output=True,
+                             timeout=120, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(root, filter="data")
     check((root / "configs/pipeline.yaml").is_file() and (root / "params.yaml").is_file(),
           "git archive HEAD holds no configs/pipeline.yaml and params.yaml")
-    _cli(["git", "init", "-q"], root)
-    _cli(["git", "add", "-A"], root)
-    _cli(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "reference"], root)
+    cli(["git", "init", "-q"], root, base_env())
+    commit(root, "reference")
 
 
 def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> tuple[Path, dict[str, str]]:
@@ -168,11 +114,6 @@ def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> t
     log(f"{name}: training the reference model (conveyor run, not counted)")
     cli([conveyor_command(), "run"], root, env)
     return root, env
-
-
-def conveyor_command() -> str:
-    beside = Path(sys.executable).with_name("conveyor")
-    return str(beside) if beside.is_file() else "conveyor"
 
 
 @dataclass
@@ -216,87 +157,31 @@ def _observe(outdir: Path, side: str, since: float) -> Outcome:
                    {"rows": stats["rows"], "class_counts": stats["class_counts"], "features": stats["features"]})
 
 
-def stop_group(pgid: int, grace_s: float) -> bool:
-    """Wait up to ``grace_s`` for process group ``pgid`` to be empty; SIGKILL what is left. True if any was."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        if time.monotonic() >= deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            return True
-        time.sleep(0.2)
-
-
-def repo_env() -> dict[str, str]:
-    """This environment with the repository on PYTHONPATH: a ``python -c`` side imports ``benchmarks``, ``tasks``."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-
-
-def execute(args: list[str], cwd: Path, env: Mapping[str, str], side: str) -> tuple[float, float, str]:
-    """Run ``args`` in its own process group: (wall seconds, peak tree RSS in MiB, its stdout); checks
-    exit 0 and that nothing of its group outlives it by 10 s (what does is killed)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    sampler = PeakRss(proc.pid)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    finally:
-        peak = sampler.stop()
-    wall = time.perf_counter() - started
-    left = stop_group(proc.pid, grace_s=10)
-    check(proc.returncode == 0, f"{side}: `{' '.join(args)}` exited {proc.returncode}:\n"
-                                f"{out[-3000:].decode(errors='replace')}\n{err[-3000:].decode(errors='replace')}")
-    check(not left, f"{side}: processes of its group were still running 10 s after it exited (killed)")
-    return wall, peak / MIB, out.decode(errors="replace")
-
-
 class Runs:
-    """Fresh copies of the template, one per run, removed once observed."""
+    """Each run in a fresh copy of the template, timed by hyperfine, its tree's memory sampled by psutil."""
 
     def __init__(self, template: Path, scratch: Path) -> None:
-        self.template, self.scratch, self.count = template, scratch, 0
-
-    def _copy(self, side: str) -> Path:
-        self.count += 1
-        workdir = self.scratch / f"{self.count:03d}-{side}"
-        shutil.copytree(self.template, workdir, symlinks=True)
-        return workdir
+        self.template, self.copies = template, Copies(scratch)
 
     def plain(self, env: Mapping[str, str]) -> Outcome:
-        workdir = self._copy("plain")
-        try:
+        with self.copies.fresh(self.template, "plain") as workdir:
             since = time.time()
-            wall, peak, _ = execute([sys.executable, str(PLAIN), "out", "--project", "."], workdir, env, "plain")
+            done = timed_cli([sys.executable, str(PLAIN), "out", "--project", "."], workdir, env, memory=True)
             outcome = _observe(workdir / "out", "plain", since)
             timings = json.loads((workdir / "out/timings.json").read_text())
             check(not timings["forbidden_modules_loaded"], f"the plain script imported "
                                                            f"{timings['forbidden_modules_loaded']}")
-            outcome.wall, outcome.peak_rss_mib, outcome.steps = wall, peak, dict(timings["steps_s"])
+            outcome.wall, outcome.peak_rss_mib, outcome.steps = done.seconds, done.peak_mib, dict(timings["steps_s"])
             return outcome
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
 
     def conveyor(self, env: Mapping[str, str], side: str = "conveyor") -> Outcome:
-        workdir = self._copy(side)
-        try:
+        with self.copies.fresh(self.template, side) as workdir:
             since, began = time.time(), datetime.now(UTC)
-            wall, peak, _ = execute([conveyor_command(), "run", "--force"], workdir, env, side)
+            done = timed_cli([conveyor_command(), "run", "--force"], workdir, env, memory=True)
             outcome = _observe(workdir, side, since)
-            _record(workdir, outcome, began, wall)
-            outcome.wall, outcome.peak_rss_mib = wall, peak
+            _record(workdir, outcome, began, done.seconds)
+            outcome.wall, outcome.peak_rss_mib = done.seconds, done.peak_mib
             return outcome
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _record(workdir: Path, outcome: Outcome, began: datetime, wall: float) -> None:
@@ -355,21 +240,6 @@ def check_same(plain: Outcome, conveyor: Outcome, what: str) -> tuple[float, flo
     return worst, auc_diff
 
 
-def _cold_env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    return env
-
-
-def _server_rss_mib(server: PrefectServer) -> float:
-    """RSS of the shared server's processes now (between runs: no client shares its PREFECT_HOME)."""
-    total = 0
-    for pid in with_prefect_home(server.home):
-        with contextlib.suppress(OSError, ValueError):
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    return total / MIB
-
-
 # --- the benchmark ------------------------------------------------------------------------
 
 
@@ -386,27 +256,22 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         with PrefectServer() as server:
             log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
             log(f"{NAME}: warm-up (one run of each side on the server, not counted)")
-            runs.plain(os.environ)
+            runs.plain(base_env())
             runs.conveyor(server.env, "warm-up")
             log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
-            base, cand = interleaved(repeats, lambda _i: runs.plain(os.environ), lambda _i: runs.conveyor(server.env),
+            base, cand = interleaved(repeats, lambda _i: runs.plain(base_env()), lambda _i: runs.conveyor(server.env),
                                      log)
-            startup_s, server_mib = server.startup_s, _server_rss_mib(server)
+            startup_s, server_mib = server.startup_s, rss_mib(with_prefect_home(server.home))
 
         def cold(_i: int) -> Outcome:
-            outcome = runs.conveyor(_cold_env(cold_home), "conveyor-cold")
-            left = with_prefect_home(cold_home)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            check(not left, f"processes of conveyor's temporary Prefect server outlived the run (pids {left}, "
-                            "killed)")
+            outcome = runs.conveyor(no_server_env(cold_home), "conveyor-cold")
+            check_no_leftovers(cold_home, "conveyor run with its temporary Prefect server")
             return outcome
 
         log(f"{NAME}: cold: one conveyor run with its temporary server to create its database, not counted")
         cold(0)
         log(f"{NAME}: {cold_repeats} interleaved repetitions, conveyor with its temporary server")
-        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: runs.plain(os.environ), cold, log)
+        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: runs.plain(base_env()), cold, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     agreement = [check_same(b, c, f"shared server, repetition {i}")
@@ -414,15 +279,6 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     agreement += [check_same(b, c, f"temporary server, repetition {i}")
                   for i, (b, c) in enumerate(zip(cold_base, cold_cand, strict=True), start=1)]
     return _result((base, cand), (cold_base, cold_cand), agreement, startup_s, server_mib)
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def _share(metric: Metric) -> float:
-    """Median over repetitions of candidate / baseline."""
-    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))
 
 
 def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome], list[Outcome]],
@@ -435,47 +291,31 @@ def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome]
                        [o.wall for o in cold[1]])
     cold_rss = Metric("peak RSS of the process tree (MiB), temporary server (in the tree)",
                       [o.peak_rss_mib for o in cold[0]], [o.peak_rss_mib for o in cold[1]], digits=0)
-    share, cold_share = _share(wall), _share(cold_wall)
-    before, flow, after = (_median([o.phases[k] for o in cand if o.phases]) for k in range(3))
-    c_before, c_flow, c_after = (_median([o.phases[k] for o in cold[1] if o.phases]) for k in range(3))
-    stage_s = {name: _median([o.steps[name] for o in cand]) for name in STAGES}
-    step_s = {name: _median([o.steps[name] for o in base]) for name in PLAIN_STEPS}
-    plain_wall = _median(wall.baseline)
+    share, cold_share = wall.share(), cold_wall.share()
+    before, flow, after = (median([o.phases[k] for o in cand if o.phases]) for k in range(3))
+    c_before, c_flow, c_after = (median([o.phases[k] for o in cold[1] if o.phases]) for k in range(3))
+    stage_s = {name: median([o.steps[name] for o in cand]) for name in STAGES}
+    step_s = {name: median([o.steps[name] for o in base]) for name in PLAIN_STEPS}
+    plain_wall = median(wall.baseline)
     p = cand[0].test
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline="benchmarks/plain_reference.py: the same work in one process, no orchestrator (pandas, xgb.train "
-                 "nthread=2, the same MLP, stack, metrics)",
+        baseline="benchmarks/overhead/plain_reference.py: the same work in one process, no orchestrator (pandas, "
+                 "xgb.train nthread=2, the same MLP, stack, metrics)",
         candidate="`conveyor run --force` of configs/pipeline.yaml (Prefect flow, DVC record; the cpu profile's "
                   "in_process_below places preprocess and XGBoost)",
         repeats=len(base), metrics=[wall, rss, cold_wall, cold_rss],
-        setup={"project": "the repository's tracked files at HEAD (git archive), git init + one commit; a fresh copy "
-                          "for every run of either side (no outs, no .conveyor state)",
-               "data": f"scikit-learn's breast-cancer CSV, {cand[0].raw.shape[0]} rows; splits "
-                       f"{cand[0].stats['rows']}",
-               "plain script": "python benchmarks/plain_reference.py out --project . in its copy: params.yaml and "
-                               "tasks/preprocess.py's pandas helpers of that copy",
-               "prefect (rows 1-2)": f"one `prefect server start` on 127.0.0.1, up in {startup_s:.1f} s before the "
-                                     "first measurement (not measured); PREFECT_API_URL points conveyor at it",
-               "prefect (rows 3-4)": "PREFECT_API_URL unset: each `conveyor run` starts its temporary server "
-                                     "(PREFECT_HOME a temporary folder whose database one uncounted run created); "
-                                     f"{len(cold[0])} repetition(s), each with its own plain run",
-               "warm-up": "one run of each side on the shared server, not counted (page cache, the first flow run "
-                          "registers the flow)",
-               "memory": f"summed RSS of the command and its descendants, sampled from /proc every "
-                         f"{SAMPLE_S * 1000:.0f} ms"},
-        checks=["every run exited 0 and left no process of its group running 10 s later",
-                f"conveyor's run record: status succeeded, every stage ({', '.join(STAGES)}) succeeded, none "
-                "restored from a cache",
-                f"both sides wrote, in this run, {', '.join(WRITTEN)}",
-                "data/raw: the same rows on both sides, bit for bit (sorted; 12 parquet parts vs one)",
-                f"data/processed/{{train,valid,test}}: the same columns in the same order, the same row counts, and "
-                f"the rows (sorted) equal within {ROW_TOLERANCE:g}; stats.json's split rows, class counts and "
-                f"features equal; largest difference seen {max(a[0] for a in agreement):.2g}",
-                f"metrics/test.json: every model's AUC at least {MIN_AUC} on both sides and within "
-                f"{AUC_TOLERANCE} of the other side's (113 test rows: 0.02 is ~60 of 2982 positive/negative pairs "
-                f"ranked the other way); largest difference seen {max(a[1] for a in agreement):.4f}",
-                "the plain script imported none of conveyor, prefect, dask, distributed (sys.modules at its end)"],
+        setup={"data": f"{cand[0].raw.shape[0]} rows; splits {cand[0].stats['rows']}",
+               "prefect server start (rows 1-2)": f"up in {startup_s:.1f} s before the first measurement",
+               "repetitions with the temporary server (rows 3-4)": str(len(cold[0]))},
+        checks=["every run exited 0 and left no process of its group running 10 s later; conveyor's run record "
+                "says every stage succeeded, none restored from a cache",
+                f"both sides wrote, in this run, {', '.join(WRITTEN)}; data/raw the same rows bit for bit",
+                f"data/processed: the same columns, row counts and rows (sorted) within {ROW_TOLERANCE:g}, the same "
+                f"stats.json counts; largest difference seen {max(a[0] for a in agreement):.2g}",
+                f"every model's test AUC at least {MIN_AUC} on both sides and within {AUC_TOLERANCE} of the other's; "
+                f"largest difference seen {max(a[1] for a in agreement):.4f}",
+                "the plain script imported none of conveyor, prefect, dask, distributed"],
         notes=[f"goal: conveyor's wall at most {GOAL:g}x the plain script's (ratio column >= {1 / GOAL:.2f}x); "
                f"measured conveyor / plain (medians of per-repetition quotients): {share:.2f}x with the shared "
                f"server ({'met' if share <= GOAL else 'NOT met'}), {cold_share:.2f}x with the temporary one "
@@ -484,12 +324,12 @@ def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome]
                + ", ".join(f"{n} ({w})" for n, w in cand[0].placement.items()),
                f"test AUC (conveyor, repetition 1): xgb {p['xgb']['auc']}, mlp {p['mlp']['auc']}, stack "
                f"{p['stack']['auc']}",
-               f"where conveyor's {_median(wall.candidate):.2f} s go (medians, shared server, from its run record): "
+               f"where conveyor's {median(wall.candidate):.2f} s go (medians, shared server, from its run record): "
                f"{before:.2f} s before the flow started (interpreter, imports, spec and DVC status, creating the flow "
                f"run), {flow:.2f} s in the flow, {after:.2f} s after it (closing any Dask cluster, the summary, "
-               f"Prefect draining at exit); within the flow {_median([o.flow_gaps for o in cand]):.2f} s with no "
-               f"stage running; critical path {_median([o.critical_path_s for o in cand]):.2f} s, sum of stages "
-               f"{_median([o.stage_sum_s for o in cand]):.2f} s",
+               f"Prefect draining at exit); within the flow {median([o.flow_gaps for o in cand]):.2f} s with no "
+               f"stage running; critical path {median([o.critical_path_s for o in cand]):.2f} s, sum of stages "
+               f"{median([o.stage_sum_s for o in cand]):.2f} s",
                "conveyor's stages (median s, shared server; a stage's time includes importing its task module, DVC "
                "hashing and recording its outs, and starting a Dask cluster where it is the first on one): "
                + ", ".join(f"{n} {s:.2f}" for n, s in stage_s.items()),

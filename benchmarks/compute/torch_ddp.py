@@ -14,29 +14,23 @@ with a hand-built StageContext (as the runner builds it), each measurement in a 
   batch is split over the ranks (512 rows each), and DDP averages their gradients.
 
 Data: synthetic HIGGS-shaped rows (``conveyor.ingest.synthetic``, seed 42), split and
-standardised once per size by ``benchmarks/plain_preprocess.py`` (not timed). Params: the
-MLP of the scale pipeline (params.yaml ``scale.train.mlp``, the reference section for
-HIGGS-shaped data: hidden [64, 32], Adam, global batch 1024; ``train.mlp``'s batch of 32 is
-sized for the 569-row reference data) with ``max_epochs`` and ``patience`` both ``EPOCHS``, so
-that every run trains exactly ``EPOCHS`` epochs: the same work on both sides, no early stop.
-The same again with hidden layers ``WIDE`` (about 70x the work per row): whether DDP pays where
-a step's compute grows against its all-reduce.
+standardised once per size by ``benchmarks/compute/plain_preprocess.py`` (not timed). Params:
+params.yaml's ``scale.train.mlp`` (hidden [64, 32], Adam, global batch 1024) with ``max_epochs``
+and ``patience`` both ``EPOCHS``: the same work on both sides, no early stop. The same again
+with hidden layers ``WIDE`` (~70x the work per row): does DDP pay as a step's compute grows?
 Both sides import torch and the task's modules before the clock starts (the candidate also
 in its workers); the wall is of ``mlp_model(ctx)`` alone: reading the splits, training,
 writing the model and metrics; for DDP also the rendezvous, each rank reading the splits,
 each worker's first import of ``torch._dynamo`` (DDP's constructor imports it) and the check
-that the ranks agree. The whole process's wall and the peak RSS of its process tree (the
-command and its descendants: the nannies and workers; sampled from /proc every 100 ms, as in
-``benchmarks/reference.py``) are the other two metrics.
+that the ranks agree. The whole process's wall (hyperfine) and the peak RSS of its process
+tree (psutil, every 100 ms: the nannies and workers too) are the other two metrics.
 
 Before any ratio: every process exits 0 and leaves nothing running; each side trained
 exactly ``EPOCHS`` epochs to a finite best valid loss below its initial one, with the same
 weights on every repetition (seeded, deterministic kernels); the DDP side ran 2 gloo ranks,
 whose weights agree (``tasks.mlp_ddp.train`` checks every rank's SHA-256 and rank 0's file,
-and the process exits 1 otherwise). Whether the two sides train the same weights, and how
-far apart their valid losses are, is reported, not required: the in-process fit shuffles
-with torch's global RNG, DDP's ``DistributedSampler`` deals a permutation of its own, so the
-two see the rows in other batches. The issue asks for the comparison to be reported: no goal.
+and the process exits 1 otherwise). Whether the two sides train the same weights is
+reported, not required: the two shuffle with other RNGs, so they see other batches. No goal.
 """
 
 from __future__ import annotations
@@ -56,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.compute.preprocess_workers import cpu_worker_env
 from benchmarks.harness import (
     REPO,
     Config,
@@ -65,10 +60,9 @@ from benchmarks.harness import (
     interleaved,
     rows_label,
     side_command,
-    side_report,
     timed,
 )
-from benchmarks.preprocess_workers import cpu_worker_env
+from benchmarks.projects import SideRun
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,7 +80,6 @@ LABEL = "target"
 EPOCHS = 5  # max_epochs and patience: every run trains exactly this many epochs
 WORKERS = 2
 PLAIN, DDP = "one-process", "ddp"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def reference_params(hidden: list[int] | None = None) -> tuple[dict[str, Any], int]:
@@ -115,10 +108,11 @@ def _torch_threads() -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far (/proc/PID/stat utime + stime)."""
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    rest = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state is field 3, utime 14, stime 15
-    return (int(rest[11]) + int(rest[12])) / CLOCK_TICKS
+    """User and system CPU seconds of process ``pid`` so far (psutil)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def side_main(argv: list[str]) -> int:
@@ -186,13 +180,9 @@ def side_main(argv: list[str]) -> int:
 
 
 @dataclass
-class Run:
-    """One measurement of one side."""
+class Run(SideRun):
+    """One measurement of one side, and the weights it saved."""
 
-    seconds: float  # the training call, timed inside the process
-    wall: float  # the whole process, from outside
-    peak_mib: float  # summed RSS of the process tree
-    report: dict[str, Any]
     weights: dict[str, npt.NDArray[np.float32]]
 
 
@@ -220,17 +210,17 @@ class Size:
         return float(self.runs[side][0].report["metrics"]["best_valid_loss"])
 
 
-def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: list[int] | None) -> Run:
+def measure(side: str, processed: Path, out: Path, hidden: list[int] | None) -> Run:
     """One fresh process of ``side`` training on ``processed``; what it wrote in ``out`` is read and removed."""
     import numpy as np
 
-    from benchmarks.reference import execute
+    from benchmarks.projects import run_side
     from tasks import models
 
-    args = side_command("benchmarks.torch_ddp", side, str(processed), str(out),
+    args = side_command("benchmarks.compute.torch_ddp", side, str(processed), str(out),
                         *([] if hidden is None else [json.dumps(hidden)]))
-    wall, peak, stdout = execute(args, REPO, env, side)
-    report = side_report(stdout, side)
+    done = run_side(args, side)
+    report = done.report
     metrics = report["metrics"]
     check(metrics["epochs"] == EPOCHS, f"{side}: trained {metrics['epochs']} epochs, expected {EPOCHS}")
     best, initial = float(metrics["best_valid_loss"]), float(metrics["initial_valid_loss"])
@@ -243,19 +233,17 @@ def measure(side: str, processed: Path, out: Path, env: dict[str, str], hidden: 
     state = models.load_mlp(out / "mlp.pt")[0].state_dict()
     weights = {name: np.asarray(tensor.detach().numpy(), dtype=np.float32) for name, tensor in state.items()}
     shutil.rmtree(out)
-    return Run(seconds=float(report["seconds"]), wall=wall, peak_mib=peak, report=report, weights=weights)
+    return Run(done.seconds, done.wall, done.peak_mib, report, weights)
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    from benchmarks.plain_preprocess import preprocess
-    from benchmarks.preprocess_workers import generate
-    from benchmarks.reference import repo_env
+    from benchmarks.compute.plain_preprocess import preprocess
+    from benchmarks.compute.preprocess_workers import generate
 
     sizes = QUICK_SIZES if config.quick else SIZES
     repeats = config.reps(full=3, quick=2)
     _, seed = reference_params()
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-torch-ddp-"))
-    env = repo_env()
     measured: list[Size] = []
     counter = [0]
     splits: dict[int, dict[str, int]] = {}  # rows -> rows per split, of data generated already
@@ -272,7 +260,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
             def one(side: str, size: Size = size, processed: Path = data / "processed") -> Run:
                 counter[0] += 1
-                done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", env, size.hidden)
+                done = measure(side, processed, root / f"run-{counter[0]:03d}-{side}", size.hidden)
                 size.runs[side].append(done)
                 log(f"  {size.label} {side}: {done.seconds:.2f} s training, {done.wall:.2f} s process, "
                     f"{done.peak_mib:.0f} MiB")
@@ -302,15 +290,6 @@ def _dynamo_import_seconds() -> float | None:
     return seconds
 
 
-def _apart(size: Size) -> tuple[bool, float]:
-    """Whether the two sides' first runs saved the same weights, and their largest difference."""
-    import numpy as np
-
-    plain, ddp = size.runs[PLAIN][0], size.runs[DDP][0]
-    same = plain.report["sha256"] == ddp.report["sha256"]
-    return same, max(float(np.max(np.abs(plain.weights[name] - ddp.weights[name]))) for name in plain.weights)
-
-
 def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | None) -> Result:
     params, seed = reference_params()
     metrics: list[Metric] = []
@@ -330,26 +309,9 @@ def _result(config: Config, repeats: int, sizes: list[Size], dynamo: float | Non
         candidate=f"mlp_model with a LocalCluster(n_workers={WORKERS}, threads_per_worker=1) client: tasks.mlp_ddp "
                   "through conveyor.train.ddp.run_ddp, one gloo rank per worker, 1 torch thread each",
         repeats=repeats, metrics=metrics,
-        setup={"data": "synthetic HIGGS-shaped rows (conveyor.ingest.synthetic, seed 42; 28 float32 features), split "
-                       "and standardised by benchmarks/plain_preprocess.py (not timed): "
-                       + "; ".join(f"{n:,} rows: {split}" for n, split in {s.rows: s.splits for s in sizes}.items()),
-               "params": f"train.mlp = params.yaml scale.train.mlp with max_epochs and patience {EPOCHS} (exactly "
-                         f"{EPOCHS} epochs, best weights kept): {json.dumps(params)}; seed {seed}; the wide model: "
-                         f"the same with hidden {WIDE}",
-               "one process": "torch.set_num_threads(2), deterministic kernels and a seeded RNG "
-                              "(tasks.train: deterministic_torch); shuffles with torch.randperm, batches of "
-                              f"{params['batch_size']}",
-               "ddp": f"LocalCluster(n_workers={WORKERS}, threads_per_worker=1, processes=True, host 127.0.0.1) "
-                      "started in the process before the clock (workers registered; torch and the task's modules "
-                      f"imported in them); gloo; DistributedSampler, {params['batch_size'] // WORKERS} rows per "
-                      "rank and step, gradients averaged by DDP; every rank reads the whole train split; the workers' "
-                      "environment as the cpu profile of configs/scale.yaml sets it (worker_env "
-                      f"{json.dumps(cpu_worker_env())})",
-               "timing": "the wall of mlp_model(ctx), timed inside each fresh process (reading the splits, training, "
-                         "writing model and metrics); the whole process's wall from outside; sides interleaved",
-               "memory": "summed RSS of the process and its descendants, sampled from /proc every 100 ms over the "
-                         "whole process (shared pages counted once per process)",
-               "cores": str(os.cpu_count())},
+        setup={"data": "; ".join(f"{n:,} rows: {split}" for n, split in {s.rows: s.splits for s in sizes}.items()),
+               "params": f"{json.dumps(params)}; seed {seed}; the wide model: hidden {WIDE}",
+               "workers' worker_env": json.dumps(cpu_worker_env()), "cores": str(os.cpu_count())},
         checks=["every process exited 0 and left no process of its group running",
                 f"each side trained exactly {EPOCHS} epochs to a finite best valid loss below its initial one",
                 "each side saved the same weights (SHA-256) on every repetition",
@@ -371,20 +333,17 @@ def _notes(config: Config, sizes: list[Size], ratios: dict[str, float], dynamo: 
             f"{size.what} ({size.splits['train']:,} to train on): the training call took {plain_s:.2f} s in "
             f"one process, {ddp_s:.2f} s with DDP: {verdict} (median of per-repetition ratios {ratio:.2f}x); "
             f"{steps:,} optimiser steps of {batch} rows, so about {plain_s / steps * 1e3:.2f} vs "
-            f"{ddp_s / steps * 1e3:.2f} ms a step, fixed costs included; the whole process "
-            f"{size.median(PLAIN, 'wall'):.2f} s vs {size.median(DDP, 'wall'):.2f} s, peak RSS "
-            f"{size.median(PLAIN, 'peak_mib'):.0f} vs {size.median(DDP, 'peak_mib'):.0f} MiB (medians)")
+            f"{ddp_s / steps * 1e3:.2f} ms a step, fixed costs included")
     wins = [f"{size.what} ({ratios[size.label]:.2f}x)" for size in sizes if ratios[size.label] > 1]
     best = max(sizes, key=lambda s: ratios[s.label])
     ran = "; ".join(s.what for s in sizes) + ("; --quick" if config.quick else "")
     notes.append(f"DDP on 2 workers pays at {', '.join(wins)} (measured: {ran})" if wins else
-                 f"DDP on 2 workers does not pay at any size measured ({ran}): one process with 2 threads is faster "
-                 f"at every size (closest: {ratios[best.label]:.2f}x at {best.what}); on one machine both sides have "
-                 f"the same {os.cpu_count()} cores, so ranks can only add their all-reduce and the split of each "
-                 "step's matrix products into two processes: DDP pays where each rank brings hardware of its own (a "
-                 "GPU, a machine)")
+                 f"DDP on 2 workers does not pay at any size measured ({ran}; closest: {ratios[best.label]:.2f}x at "
+                 f"{best.what}): on one machine's {os.cpu_count()} cores ranks only add their all-reduce")
     for size in sizes:
-        same, apart = _apart(size)
+        first, other = size.runs[PLAIN][0], size.runs[DDP][0]  # the same weights? their largest difference
+        same = first.report["sha256"] == other.report["sha256"]
+        apart = max(float(abs(first.weights[k] - other.weights[k]).max()) for k in first.weights)
         plain, ddp = size.loss(PLAIN), size.loss(DDP)
         notes.append(
             f"{size.what}: the same weights on both sides: {'yes' if same else 'no'} (largest difference "
@@ -392,18 +351,14 @@ def _notes(config: Config, sizes: list[Size], ratios: dict[str, float], dynamo: 
             f"{size.runs[PLAIN][0].report['metrics']['best_epoch']}), {ddp:.6f} with DDP (epoch "
             f"{size.runs[DDP][0].report['metrics']['best_epoch']}): {abs(ddp - plain):.2g} apart "
             f"({abs(ddp - plain) / plain:.2%})"
-            + ("" if same else "; expected: the in-process fit shuffles with torch's global RNG, DDP's "
-                               "DistributedSampler with its own seeded permutation, so the batches differ"))
+            + ("" if same else "; expected: the two shuffle with other RNGs"))
     notes.append(_threads_note(sizes))
     ddp_runs = [r for size in sizes for r in size.runs[DDP]]
     start = statistics.median(float(r.report["start"]) for r in ddp_runs)
     warm = statistics.median(float(r.report["warm"]) for r in ddp_runs)
-    notes.append(f"starting the 2-worker LocalCluster (until both workers registered) took {start:.2f} s, importing "
-                 f"torch and the task's modules in the workers {warm:.2f} s (medians over {len(ddp_runs)} runs): "
-                 "what a run pays on top of the training call when the stage starts the cluster (in the whole "
-                 "process's wall, not in the training call's)")
-    notes.append("the DDP training call includes each worker's first import of torch._dynamo (DDP's constructor "
-                 "imports it), paid once per fresh worker: "
+    notes.append(f"starting the 2-worker LocalCluster took {start:.2f} s, importing torch and the task's modules in "
+                 f"the workers {warm:.2f} s (medians over {len(ddp_runs)} runs; outside the training call); the call "
+                 "includes each fresh worker's first import of torch._dynamo (DDP's constructor imports it): "
                  + (f"{dynamo:.2f} s in a fresh import here" if dynamo is not None else "not measured here"))
     return notes
 

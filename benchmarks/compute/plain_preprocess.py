@@ -1,6 +1,6 @@
 """The peer of the preprocess stage a user would write: the same steps in one pandas process.
 
-``python benchmarks/plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``:
+``python benchmarks/compute/plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``:
 read every parquet part under RAW into one pandas frame, then do what
 ``tasks.preprocess:prepare`` does with dask.dataframe (clean, exact stratified hash split,
 train statistics, standardise) with the task's own per-partition helpers applied to the
@@ -31,7 +31,7 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet  # noqa: E402 - what pd.read_parquet and the writes use
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tasks/ of this repository, as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tasks/ of this repository, as a script
 
 from tasks import inputs  # noqa: E402
 from tasks import preprocess as prep  # noqa: E402

@@ -31,13 +31,11 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
     cli,
     make_repo,
-    median,
-    met,
     no_server_env,
     run_record,
     server_env,
@@ -129,12 +127,11 @@ def make_project(root: Path, shape: str, n: int, *, fresh: bool = False) -> list
 
 
 def _conveyor(root: Path, env: dict[str, str], *args: str) -> float:
-    seconds, _ = timed_cli(["conveyor", *args], root, env)
-    return seconds
+    return timed_cli(["conveyor", *args], root, env).seconds
 
 
 def _noop_run(root: Path, env: dict[str, str], stages: list[str]) -> float:
-    seconds, _ = timed_cli(["conveyor", "run"], root, env)
+    seconds = timed_cli(["conveyor", "run"], root, env).seconds
     record = run_record(root)
     got = {s.get("status") for s in record.get("stages", {}).values()}
     check(record.get("status") == "succeeded" and len(record.get("stages", {})) == len(stages)
@@ -143,9 +140,9 @@ def _noop_run(root: Path, env: dict[str, str], stages: list[str]) -> float:
 
 
 def _dvc_status(root: Path, env: dict[str, str]) -> float:
-    seconds, proc = timed_cli(["dvc", "status"], root, env)
-    check(UP_TO_DATE in proc.stdout, f"{root.name}: `dvc status` is not clean:\n{proc.stdout[-2000:]}")
-    return seconds
+    done = timed_cli(["dvc", "status"], root, env)
+    check(UP_TO_DATE in done.stdout, f"{root.name}: `dvc status` is not clean:\n{done.stdout[-2000:]}")
+    return done.seconds
 
 
 def decide(scratch: Path, shape: str, n: int, repeats: int, log: Callable[[str], None]) -> list[Metric]:

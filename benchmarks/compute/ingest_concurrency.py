@@ -12,7 +12,7 @@ sources, interleaved with the same call on 1 source, whose wall less the latency
 requests waited (one after the other) is the start-up. Efficiency = ideal / (wall - start-up),
 per repetition. The server notes when each request arrives, which tells where the wall
 goes: listing (a HEAD per source), transfers (a GET per source), and what follows the last
-response. ``python -m benchmarks.ingest_concurrency [--quick]`` runs this part alone (table
+response. ``python -m benchmarks.compute.ingest_concurrency [--quick]`` runs this part alone (table
 and notes to stdout, no result file).
 """
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, table, timed
-from benchmarks.latency_server import LatencyServer
+from benchmarks.compute.latency_server import LatencyServer
+from benchmarks.harness import Config, Metric, Result, check, interleaved, met, table, timed
 from benchmarks.stages import context, digest, read_parts
 
 NAME = "ingest-concurrency"
@@ -178,10 +178,6 @@ def measure_goal(config: Config, log: Callable[[str], None]) -> Goal:
     return Goal(sum(map(len, files.values())) / GOAL_SOURCES / 1e3, one, many)
 
 
-def _met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def goal_metrics(goal: Goal) -> list[Metric]:
     """Two rows whose ratio column is the verdict: the wall against the goal's bound (>= 1: met), and
     the efficiency ideal / (wall - start-up) (>= GOAL_EFFICIENCY: met)."""
@@ -197,77 +193,41 @@ def goal_metrics(goal: Goal) -> list[Metric]:
 
 
 def goal_setup(goal: Goal) -> dict[str, str]:
-    return {
-        "goal sources": f"{GOAL_SOURCES} CSV files of {GOAL_ROWS} rows x {len(COLUMNS)} columns "
-                        f"(~{goal.kb_per_source:.0f} KB each), mode: files, behind a server of their own (as above)",
-        "goal calls": f"conveyor.ingest.fetch_sources on a ThreadPoolExecutor(max_workers={GOAL_WORKERS}) (what a "
-                      f"threads profile with max_workers: {GOAL_WORKERS} gives a stage), {GOAL_SOURCES} sources, "
-                      "interleaved with the same call on 1 source; warm-up: one call of "
-                      f"{GOAL_SOURCES} sources, not counted",
-        "goal start-up": "per repetition, the 1-source wall less the latency its requests waited one after the "
-                         f"other ({goal.one[0].requests} x {LATENCY_S:g} s): what the call costs beyond waiting",
-        "goal ideal": f"ceil({GOAL_SOURCES}/{GOAL_WORKERS}) x {LATENCY_S:g} s = {GOAL_IDEAL_S:g} s of waiting; "
-                      f"efficiency = ideal / (wall - start-up), per repetition",
-    }
+    return {"goal sources": f"{GOAL_SOURCES} CSV files of {GOAL_ROWS} rows (~{goal.kb_per_source:.0f} KB each)",
+            "goal start-up": f"the 1-source wall less {goal.one[0].requests} x {LATENCY_S:g} s of waiting"}
 
 
 def goal_checks() -> list[str]:
-    return [f"goal: every call of 1 and of {GOAL_SOURCES} sources fetched each source once (one GET each, no "
-            "retry), reported as many sources and parts and as many bytes as the server serves, wrote a parquet "
-            "part for every source, and its rows are the sources' (count, and content hash in order)",
-            "goal: every repetition made the same requests"]
+    return [f"goal: every call of 1 and of {GOAL_SOURCES} sources fetched each source once (one GET, no retry), "
+            "reported and wrote every source's part and bytes, with the sources' rows (count and content hash); "
+            "every repetition made the same requests"]
 
 
 def goal_notes(goal: Goal) -> list[str]:
     med = statistics.median
-    wall, startup, one_wall = med(goal.walls()), med(goal.startups()), med(c.wall_s for c in goal.one)
-    efficiency, bound = med(goal.efficiencies()), med(goal.bounds())
+    wall, startup, efficiency = med(goal.walls()), med(goal.startups()), med(goal.efficiencies())
     held = med(b / w for b, w in zip(goal.bounds(), goal.walls(), strict=True)) >= 1
-    lenient_startup, lenient_eff, lenient_bound = (med(goal.startups(waits=1)), med(goal.efficiencies(waits=1)),
-                                                   med(goal.bounds(waits=1)))
-    lenient_held = med(b / w for b, w in zip(goal.bounds(waits=1), goal.walls(), strict=True)) >= 1
-    first, many = goal.one[0], goal.many[0]
-    per_source = many.requests / GOAL_SOURCES
-    floor = per_source * GOAL_IDEAL_S
+    many = goal.many[0]
     to_first_get = med(c.first_get_s for c in goal.many)
-    last_head = med(c.last_head_s for c in goal.many)
     gets_span = med(c.last_get_s - c.first_get_s for c in goal.many)
     after = med(c.wall_s - c.last_get_s for c in goal.many)
-    listing = (f"{many.heads} HEAD (listing) arrived from 0 to {last_head:.3f} s, the first GET at {to_first_get:.3f} "
-               f"s ({to_first_get - last_head - LATENCY_S:+.3f} s after the last HEAD's answer): the listing, at most "
-               f"{GOAL_WORKERS} at a time, ran before any transfer began" if many.heads else
-               f"no HEAD; the first GET arrived at {to_first_get:.3f} s")
     return [
-        f"goal (issue 14, item 4): ingest at >= {GOAL_EFFICIENCY:g} of ideal: {GOAL_SOURCES} sources with "
-        f"{LATENCY_S * 1e3:.0f} ms latency at max_workers {GOAL_WORKERS}: wall <= {1 / GOAL_EFFICIENCY:g} x "
-        f"ceil({GOAL_SOURCES}/{GOAL_WORKERS}) x {LATENCY_S:g} s plus start-up",
-        f"goal verdict (medians): wall {wall:.3f} s; start-up {startup:.3f} s (the 1-source wall, {one_wall:.3f} s, "
-        f"less the {first.requests} x {LATENCY_S:g} s its {first.requests} requests ({first.heads} HEAD, "
-        f"{first.gets} GET) waited); bound {1 / GOAL_EFFICIENCY:g} x {GOAL_IDEAL_S:g} s + start-up = {bound:.3f} s: "
-        f"{_met(held)}; efficiency ideal / (wall - start-up) = {efficiency:.2f} (median of the repetitions'; goal "
-        f">= {GOAL_EFFICIENCY:.2f}): {_met(efficiency >= GOAL_EFFICIENCY)}",
-        f"goal, with the start-up taken as wall(1 source) - {LATENCY_S:g} s = {lenient_startup:.3f} s (one wait "
-        f"subtracted: the 1-source call's other waits counted as start-up): bound {lenient_bound:.3f} s: "
-        f"{_met(lenient_held)}; efficiency "
-        f"{lenient_eff:.2f}: {_met(lenient_eff >= GOAL_EFFICIENCY)}",
-        f"goal: conveyor makes {per_source:g} requests per source ({many.heads} HEAD, {many.gets} GET for "
-        f"{GOAL_SOURCES} sources); if each kind waits its own {GOAL_ROUNDS} rounds, the latency alone is "
-        f"{per_source:g} x {GOAL_IDEAL_S:g} s = {floor:.1f} s, so the efficiency against the goal's ideal (one "
-        f"wait per source) cannot exceed {GOAL_IDEAL_S / floor:.2f}; against that floor it is "
-        f"{floor / (wall - startup):.2f}",
-        f"goal, where the {wall:.3f} s go (medians, as the server saw the requests): {listing}; the GETs arrived "
-        f"over {gets_span:.3f} s ({GOAL_ROUNDS - 1} x {LATENCY_S:g} s if each round began as the previous one's "
-        f"answers came); after the last GET arrived, {after:.3f} s ({LATENCY_S:g} s its latency, the rest parsing "
-        "and parquet writing of the last sources, under the GIL with the other threads')",
+        f"goal (issue 14, item 4): {GOAL_SOURCES} sources with {LATENCY_S * 1e3:.0f} ms latency at max_workers "
+        f"{GOAL_WORKERS}: wall <= {1 / GOAL_EFFICIENCY:g} x {GOAL_IDEAL_S:g} s + start-up: {met(held)}; efficiency "
+        f"ideal / (wall - start-up) = {efficiency:.2f} (median; goal >= {GOAL_EFFICIENCY:.2f}): "
+        f"{met(efficiency >= GOAL_EFFICIENCY)}; wall {wall:.3f} s, start-up {startup:.3f} s",
+        f"goal, where the {wall:.3f} s go (medians, as the server saw the requests; {many.heads} HEAD, {many.gets} "
+        f"GET): the first GET arrived at {to_first_get:.3f} s, the GETs over {gets_span:.3f} s, and {after:.3f} s "
+        f"followed the last ({LATENCY_S:g} s its latency, the rest parsing and writing the last sources)",
     ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.ingest_concurrency [--quick]``: the goal measurement alone; table and
+    """``python -m benchmarks.compute.ingest_concurrency [--quick]``: the goal measurement alone; table and
     notes to stdout, no result file."""
     args = list(sys.argv[1:] if argv is None else argv)
     if any(arg != "--quick" for arg in args):
-        print("usage: python -m benchmarks.ingest_concurrency [--quick]", file=sys.stderr)
+        print("usage: python -m benchmarks.compute.ingest_concurrency [--quick]", file=sys.stderr)
         return 2
     goal = measure_goal(Config(quick="--quick" in args), lambda line: print(line, file=sys.stderr, flush=True))
     result = Result(name=f"{NAME} (goal)", description=DESCRIPTION, baseline="", candidate="",

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command, side_report
-from benchmarks.preprocess_workers import PARAMS, cpu_worker_env
+from benchmarks.compute.preprocess_workers import PARAMS, cpu_worker_env
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, side_command
 
 NAME = "xgboost-dask"
 DESCRIPTION = "xgboost.dask on 2 Dask workers vs xgb.train(nthread=2) in one process, same rows and params"
@@ -114,8 +114,8 @@ def side_main(argv: list[str]) -> int:
 def run(config: Config, log: Callable[[str], None]) -> Result:
     import numpy as np
 
-    from benchmarks.preprocess_workers import generate, preprocess_context
-    from benchmarks.reference import execute, repo_env
+    from benchmarks.compute.preprocess_workers import generate, preprocess_context
+    from benchmarks.projects import run_side
     from tasks.preprocess import load_stats, prepare
 
     rows = QUICK_ROWS if config.quick else ROWS
@@ -137,13 +137,12 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         def measure(side: str, rounds: int | None = None) -> tuple[float, float, float]:
             counter[0] += 1
             predictions = root / f"predictions-{counter[0]}.npy"
-            args = side_command("benchmarks.xgboost_dask", side, str(root / "processed"), str(predictions),
+            args = side_command("benchmarks.compute.xgboost_dask", side, str(root / "processed"), str(predictions),
                                 *([] if rounds is None else [str(rounds)]))
-            seconds, mib, stdout = execute(args, REPO, repo_env(), side)
-            report = side_report(stdout, side)
-            report["predictions"] = np.load(predictions)
-            (reports if rounds is None else profile)[side].append(report)
-            return float(report["seconds"]), seconds, mib
+            done = run_side(args, side)
+            done.report["predictions"] = np.load(predictions)
+            (reports if rounds is None else profile)[side].append(done.report)
+            return done.seconds, done.wall, done.peak_mib
 
         base, cand = interleaved(repeats, lambda _i: measure(PLAIN), lambda _i: measure(DASK), log)
         log(f"{NAME}: profile: {repeats} interleaved repetitions of {PROFILE_ROUNDS} rounds, no early stopping")

@@ -10,7 +10,7 @@ functions, on the same parquet file of raw rows.
   LocalCluster of 2 single-threaded worker processes started for the job, the file read in
   partitions (``--partition-size`` default, 64 MiB), each worker loading the model once,
   the scores written in input order, the cluster closed.
-- baseline: ``benchmarks/plain_predict.py``: one process reads the whole file with pandas,
+- baseline: ``benchmarks/serve/plain_predict.py``: one process reads the whole file with pandas,
   loads the model with the spec's ``load``, scores every row in one call of its ``predict``,
   writes ``row`` and ``score``. Its libraries use the cores as they do by default (torch's
   intra-op threads, XGBoost's ``nthread``); Dask's workers run with one thread each.
@@ -42,9 +42,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved
-from benchmarks.projects import median
-from benchmarks.reference import conveyor_command, execute, trained_reference
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median
+from benchmarks.overhead.reference import trained_reference
+from benchmarks.projects import conveyor_command, timed_cli
 
 NAME = "predict-batch"
 DESCRIPTION = "conveyor predict on a swarm of 2 workers vs one process (pandas) scoring the same file"
@@ -91,16 +91,16 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         def plain(i: int) -> tuple[float, float]:
             output = scratch / f"plain-{i}.parquet"
-            wall, peak, _ = execute([sys.executable, str(PLAIN), str(root), str(source), str(output)], root, env,
-                                    "plain")
+            done = timed_cli([sys.executable, str(PLAIN), str(root), str(source), str(output)], root, env, memory=True)
             compare(read_scores(output, rows, "the plain script"), "the plain script")
             output.unlink()
-            return wall, peak
+            return done.seconds, done.peak_mib
 
         def conveyor(i: int) -> tuple[float, float]:
             output = scratch / f"conveyor-{i}.parquet"
-            wall, peak, stdout = execute([conveyor_command(), "predict", "-i", str(source), "-o", str(output),
-                                          "--workers", "2"], root, env, "conveyor")
+            done = timed_cli([conveyor_command(), "predict", "-i", str(source), "-o", str(output), "--workers", "2"],
+                             root, env, memory=True)
+            stdout = done.stdout
             said = SCORED.search(stdout)
             check(said is not None and int(said.group(1).replace(",", "")) == rows and said.group(3) == "2",
                   f"conveyor predict did not say it scored {rows:,} rows on 2 workers: {stdout[-500:]}")
@@ -108,7 +108,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             reported.append((int(said.group(2)), int(said.group(3)), float(said.group(4))))
             compare(read_scores(output, rows, "conveyor predict"), "conveyor predict")
             output.unlink()
-            return wall, peak
+            return done.seconds, done.peak_mib
 
         def compare(scores: np.ndarray[Any, np.dtype[np.float64]], what: str) -> None:
             if not expected:

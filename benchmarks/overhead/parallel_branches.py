@@ -20,7 +20,6 @@ import hashlib
 import itertools
 import json
 import shutil
-import subprocess
 import tempfile
 import textwrap
 from collections.abc import Callable
@@ -28,8 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, timed
+from benchmarks.harness import Config, Metric, Result, check, interleaved
 from benchmarks.prefect_server import PrefectServer
+from benchmarks.projects import run_record, server_env, timed_cli
 
 NAME = "parallel-branches"
 DESCRIPTION = "conveyor run of a DAG with two independent branches of wait-heavy stages"
@@ -45,9 +45,10 @@ import time
 
 
 def step(ctx):
-    time.sleep(float(ctx.params["work"]["join_s" if ctx.stage == "join" else "sleep_s"]))
+    work = ctx.params["work"]
+    time.sleep(float(work["join_s" if ctx.stage == "join" else "sleep_s"]))
     digest = hashlib.sha256(ctx.stage.encode())
-    for declared in sorted(ctx.deps):
+    for declared in sorted(work["deps"].get(ctx.stage, [])):  # its own deps: ctx.deps also holds what it needs
         digest.update(ctx.deps[declared].read_bytes())
     for path in ctx.outs.values():
         path.write_text(digest.hexdigest())
@@ -90,7 +91,8 @@ def make_project(root: Path, sleep_s: float, join_s: float) -> None:
     (root / "benchtasks").mkdir(parents=True)
     (root / "configs").mkdir()
     (root / "pyproject.toml").write_text("[project]\nname = 'bench-parallel-branches'\n")
-    (root / "params.yaml").write_text(f"work: {{sleep_s: {sleep_s}, join_s: {join_s}}}\n")
+    deps = json.dumps({stage: _deps(stage) for stage in STAGES})
+    (root / "params.yaml").write_text(f"work: {{sleep_s: {sleep_s}, join_s: {join_s}, deps: {deps}}}\n")
     (root / "benchtasks" / "__init__.py").write_text("")
     (root / "benchtasks" / "steps.py").write_text(textwrap.dedent(STEPS).lstrip())
     (root / "configs" / "parallel.yaml").write_text(spec("branches", chained=False))
@@ -120,10 +122,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             def conveyor_run(spec_name: str, *, chained: bool) -> dict[str, Any]:
                 shutil.rmtree(root / "out", ignore_errors=True)
                 args = ["conveyor", "run", "-c", f"configs/{spec_name}.yaml", "--force"]
-                seconds, proc = timed(lambda: subprocess.run(args, cwd=root, env={**server.env, "COLUMNS": "160"},
-                                                             capture_output=True, text=True, timeout=300))
-                check(proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-                record: dict[str, Any] = json.loads((root / ".conveyor/runs/latest.json").read_text())
+                seconds = timed_cli(args, root, server_env(server)).seconds
+                record = run_record(root)
                 stages = record["stages"]
                 check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES)
                       and all(s["status"] == "succeeded" for s in stages.values()),
@@ -165,17 +165,13 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                  "(one at a time)",
         candidate="`conveyor run --force` of the DAG (the two branches at once)",
         repeats=repeats, metrics=[wall, flow_wall, speedup, critical],
-        setup={"dag": f"two branches of {BRANCH} stages, then a join: {', '.join(STAGES)}",
-               "work": f"each branch stage sleeps {sleep_s} s, the join {join_s} s (no profile: the runner's "
-                       "own process, on the flow's thread-pool task runner)",
+        setup={"sleeps": f"{sleep_s} s a branch stage, {join_s} s the join",
                "ideal": f"stage sum {ideal_sum:.2f} s, critical path {ideal_cp:.2f} s, so a speedup bound of "
                         f"{ideal_sum / ideal_cp:.2f}x",
-               "prefect": f"one `prefect server start` on 127.0.0.1, up in {server.startup_s:.1f} s before the "
-                          "first measurement (not measured)",
-               "warm-up": "none (--quick)" if config.quick else "one run of the DAG spec, not counted (the "
-                          "first flow run on a fresh server registers the flow)"},
-        checks=["every run exited 0 with every stage `succeeded` (forced, none skipped)",
-                "out/join.txt is the same hash chain in every run, equal to the one computed in the benchmark",
+               "prefect server start": f"up in {server.startup_s:.1f} s before the first measurement",
+               "warm-up": "none (--quick)" if config.quick else "one run of the DAG spec, not counted"},
+        checks=["every run exited 0 with every stage `succeeded` (forced, none skipped), and out/join.txt the hash "
+                "chain computed here",
                 "in the candidate the two branches overlapped in time; in the baseline no two stages overlapped"],
         notes=[f"candidate wall_s / critical_path_s: median {sorted(bound)[len(bound) // 2]:.2f} "
                "(1.00 would be the Amdahl bound reached)",

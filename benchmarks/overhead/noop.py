@@ -15,8 +15,8 @@ project. Three projects, each made in a temporary directory with the real CLIs
   can be told from the fixed cost of a run: ``(T(201 stages) - T(1 stage)) / 200`` on each
   side (the 51-stage chain's difference, 50 x 2 ms = 0.1 s at the goal, is within what two
   runs of the same command differ by on a shared 2-core machine; 200 x 2 ms is not);
-* the reference project of this repository: its tracked files (``git ls-files`` of
-  harness.REPO, so any fresh clone works) copied into a new git repository, its committed
+* the reference project of this repository: its files at HEAD (``git archive``, as
+  ``benchmarks.overhead.reference`` makes it) in a new git repository, its committed
   dvc.yaml (compiled from configs/pipeline.yaml) and dvc.lock as they are, brought up to
   date by one `conveyor run` against a `prefect server start` started here (it trains its
   small models: 30-60 s); skipped with ``--quick``.
@@ -29,13 +29,12 @@ so an implementation that starts its embedded server (seconds) is measured with 
 Expected bounds (the goals): a no-op `conveyor run` within 1.5x the no-op `dvc repro` of
 the same project (ratio column >= 0.67); at most 2 ms per skipped stage; `conveyor --help`
 and `conveyor validate` (in the reference copy) under 0.5 s each, reported against
-`dvc --help` and `dvc status`. The helpers at the top are shared with ``benchmarks.chain``.
+`dvc --help` and `dvc status`.
 """
 
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,21 +43,21 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved
+from benchmarks.commands import alternating
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met
+from benchmarks.overhead.reference import make_template
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
-    base_env,
     chain_text,
     check_no_leftovers,
     check_record,
     cli,
-    commit,
     make_repo,
-    median,
-    met,
     no_server_env,
     out,
     per_stage_ms,
+    phases,
+    phases_note,
     run_record,
     server_env,
     stage,
@@ -75,9 +74,6 @@ CLI_GOAL_S = 0.5  # conveyor --help, conveyor validate
 FIRST_RUN_TIMEOUT_S = 1800  # the reference project's first (training) run
 
 
-# --- shared with benchmarks.chain -------------------------------------------------------
-
-
 # --- the projects -----------------------------------------------------------------------
 
 
@@ -92,33 +88,6 @@ def chain_dvc_yaml(n: int) -> str:
             lines += ["    deps:", f"      - {out(k - 1)}"]
         lines += ["    outs:", f"      - {out(k)}"]
     return "\n".join(lines) + "\n"
-
-
-def copy_tracked(repo: Path, dest: Path) -> int:
-    """The files git tracks in ``repo`` (as they are in its work tree), copied under ``dest``."""
-    listed = cli(["git", "-C", str(repo), "ls-files", "-z"], repo, base_env()).stdout
-    copied = 0
-    for rel in filter(None, listed.split("\0")):
-        src = repo / rel
-        if not src.is_file() and not src.is_symlink():
-            continue  # deleted in the work tree, not yet committed
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target, follow_symlinks=False)
-        copied += 1
-    return copied
-
-
-def reference_copy(root: Path) -> int:
-    """A new git repository of the reference project's tracked files (``dvc init`` if .dvc/ is not tracked)."""
-    root.mkdir(parents=True)
-    copied = copy_tracked(REPO, root)
-    env = base_env()
-    cli(["git", "init", "-q"], root, env)
-    if not (root / ".dvc/config").is_file():
-        cli(["dvc", "init", "-q", "-f"], root, env)
-    commit(root, "reference project")
-    return copied
 
 
 @dataclass
@@ -140,15 +109,15 @@ class Idle:
         self.lock = (self.root / "dvc.lock").read_bytes()
 
     def dvc(self) -> float:
-        seconds, proc = timed_cli(["dvc", "repro"], self.root, self.env)
-        check(UP_TO_DATE in proc.stdout, f"{self.root.name}: no-op `dvc repro` did not say {UP_TO_DATE!r}:\n"
-                                         f"{proc.stdout[-3000:]}")
+        run = timed_cli(["dvc", "repro"], self.root, self.env)
+        check(UP_TO_DATE in run.stdout, f"{self.root.name}: no-op `dvc repro` did not say {UP_TO_DATE!r}:\n"
+                                         f"{run.stdout[-3000:]}")
         self._unchanged("dvc repro")
-        return seconds
+        return run.seconds
 
     def conveyor(self) -> float:
         began = datetime.now(UTC)
-        seconds, _ = timed_cli(["conveyor", "run"], self.root, self.env)
+        seconds = timed_cli(["conveyor", "run"], self.root, self.env).seconds
         record = run_record(self.root)
         check(record.get("run_id") != self.run_id, f"{self.root.name}: `conveyor run` left the last run record as "
                                                    "it was")
@@ -156,9 +125,7 @@ class Idle:
         check_record(record, self.stages, "skipped", f"{self.root.name}: no-op `conveyor run`")
         check_no_leftovers(self.home, f"{self.root.name}: no-op `conveyor run`")
         self._unchanged("conveyor run")
-        started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
-        before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
-        self.phases.append((before, inside, seconds - before - inside))
+        self.phases.append(phases(record, began, seconds))
         return seconds
 
     def _clean(self, when: str) -> None:
@@ -220,45 +187,27 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         at = {len(c.stages): k for k, c in enumerate(chains)}
         metrics += _chain_metrics(n, slope_n, [{m: b[k] for m, k in at.items()} for b in base],
                                   [{m: c[k] for m, k in at.items()} for c in cand], notes)
-        notes.append(_phases(f"{n}-stage chain", big.phases))
+        notes.append(phases_note(f"a no-op `conveyor run` of the {n}-stage chain", big.phases))
 
         ref = scratch / "reference"
-        copied = reference_copy(ref)
-        setup["reference project"] = (f"{copied} tracked files of {REPO.name} copied into a new git repository "
-                                      "(as they are in its work tree: .dvc/, dvc.yaml, dvc.lock, configs/, tasks/...)")
+        make_template(ref)
         if config.quick:
-            setup["reference project"] += "; its no-op run is skipped with --quick (its first run trains models)"
+            setup["reference project"] = "its no-op run is skipped with --quick (its first run trains models)"
         else:
             metrics.append(_reference(ref, env, home, repeats, log, notes))
         metrics += _cli_metrics(ref, env, repeats, config.quick, log, notes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    setup.update({
-        "rows": "baseline the dvc command, candidate the conveyor one, on every row; each goal bounds conveyor's "
-                "figure (as a multiple of dvc's time, or in absolute terms)",
-        "chain": f"hand-written dvc.yaml, {n} cmd stages s00 -> ... -> s{n - 1:02d}: s00 echoes its name into "
-                 "out/s00.txt, s<k> `(cat out/s<k-1>.txt; echo s<k>) > out/s<k>.txt` (dep: the previous out, "
-                 "out: its own); a second project with s00 alone" + ("" if slope_n == n else
-                 f", a third with {slope_n} stages (for the per-skipped-stage slope)") + "; each made with git init, "
-                 "dvc init and brought up to date by one `dvc repro`",
-        "conveyor": "`conveyor run` with PREFECT_API_URL unset and a temporary PREFECT_HOME (shared by its runs): "
-                    "a no-op needs no Prefect server; one that starts its embedded server is measured with it",
-        "warm-up": "one no-op of each command in each chain before the repetitions (file cache, conveyor's "
-                   "first-run state), not counted",
-    })
+    setup["chains"] = f"{n} and 1 stage(s)" + ("" if slope_n == n else f", and {slope_n} for the slope")
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="no-op `dvc repro` (or `dvc --help`, `dvc status`) in the same up-to-date project",
         candidate="no-op `conveyor run` (or `conveyor --help`, `conveyor validate`) there, no Prefect server",
         repeats=repeats, metrics=metrics, setup=setup,
-        checks=["every command exited 0",
-                f"every no-op `dvc repro` printed {UP_TO_DATE!r}",
-                f"after every run of either side `dvc status` printed {UP_TO_DATE!r} and dvc.lock was byte for "
-                "byte the one left by bringing the project up to date",
-                "every no-op `conveyor run` wrote a new run record (.conveyor/runs/latest.json) in which every "
-                "stage of the project is `skipped` and the run `succeeded`",
-                "no process of a no-op `conveyor run` outlived it (by PREFECT_HOME)",
-                "the chain's outs hold the expected text after `dvc repro` brought it up to date"],
+        checks=["every command exited 0; every no-op `dvc repro` printed that the project is up to date",
+                "after every run of either side `dvc status` was clean and dvc.lock byte for byte as before",
+                "every no-op `conveyor run` wrote a new run record in which every stage is `skipped`, and no process "
+                "of it outlived it"],
         notes=notes,
     )
 
@@ -278,8 +227,8 @@ def _chain_metrics(n: int, slope_n: int, base: list[dict[int, float]], cand: lis
         metrics.append(Metric(f"no-op run, {slope_n}-stage chain (s)", [b[slope_n] for b in base],
                               [c[slope_n] for c in cand]))
     conv_per = median(per.candidate)
-    notes += [f"no-op `conveyor run` / no-op `dvc repro` ({n} stages): median {_share(many):.2f}x "
-              f"(goal <= {NOOP_GOAL:g}x: {met(_share(many) <= NOOP_GOAL)}); 1 stage: {_share(one):.2f}x",
+    notes += [f"no-op `conveyor run` / no-op `dvc repro` ({n} stages): median {many.share():.2f}x "
+              f"(goal <= {NOOP_GOAL:g}x: {met(many.share() <= NOOP_GOAL)}); 1 stage: {one.share():.2f}x",
               f"per skipped stage: conveyor {conv_per:.1f} ms, dvc repro {median(per.baseline):.1f} ms (medians of "
               f"the per-repetition (T({slope_n}) - T(1)) / {slope_n - 1}); goal <= {SKIP_GOAL_MS:g} ms: "
               f"{met(conv_per <= SKIP_GOAL_MS)}"]
@@ -291,7 +240,7 @@ def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Ca
     log(f"{NAME}: reference: starting prefect server for its first run")
     with PrefectServer() as server:
         log(f"{NAME}: reference: first `conveyor run` (trains the models; not measured) on {server.url}")
-        seconds, _ = timed_cli(["conveyor", "run"], ref, server_env(server), timeout=FIRST_RUN_TIMEOUT_S)
+        seconds = timed_cli(["conveyor", "run"], ref, server_env(server), timeout=FIRST_RUN_TIMEOUT_S).seconds
     stages = _reference_stages(ref)
     check_record(run_record(ref), stages, "succeeded", "reference project, first run")
     idle = Idle(ref, stages, env, home)
@@ -304,21 +253,17 @@ def _reference(ref: Path, env: dict[str, str], home: Path, repeats: int, log: Ca
     base, cand = interleaved(repeats, lambda _i: idle.dvc(), lambda _i: idle.conveyor(), log)
     metric = Metric(f"no-op run, reference project, {len(stages)} stages (s); goal: <= {NOOP_GOAL:g}x, ratio >= "
                     f"{1 / NOOP_GOAL:.2f}", base, cand)
-    notes += [f"reference project: no-op `conveyor run` / no-op `dvc repro` median {_share(metric):.2f}x (goal <= "
-              f"{NOOP_GOAL:g}x: {met(_share(metric) <= NOOP_GOAL)}); its first run (not measured) took {seconds:.0f} s",
-              _phases("reference project", idle.phases)]
+    notes += [f"reference project: no-op `conveyor run` / no-op `dvc repro` median {metric.share():.2f}x (goal <= "
+              f"{NOOP_GOAL:g}x: {met(metric.share() <= NOOP_GOAL)}); its first run (not measured) took {seconds:.0f} s",
+              phases_note("a no-op `conveyor run` of the reference project", idle.phases)]
     return metric
 
 
 def _cli_metrics(ref: Path, env: dict[str, str], repeats: int, quick: bool, log: Callable[[str], None],
                  notes: list[str]) -> list[Metric]:
-    log(f"{NAME}: CLI start-up: {repeats} interleaved repetitions in the reference copy")
-    timed_cli(["conveyor", "--help"], ref, env)  # warm-up: the file cache
-    timed_cli(["conveyor", "validate"], ref, env)
-    help_b, help_c = interleaved(repeats, lambda _i: timed_cli(["dvc", "--help"], ref, env)[0],
-                                 lambda _i: timed_cli(["conveyor", "--help"], ref, env)[0], log)
-    val_b, val_c = interleaved(repeats, lambda _i: timed_cli(["dvc", "status"], ref, env)[0],
-                               lambda _i: timed_cli(["conveyor", "validate"], ref, env)[0], log)
+    log(f"{NAME}: CLI start-up: {repeats} interleaved repetitions in the reference copy (hyperfine)")
+    help_b, help_c = alternating(["dvc", "--help"], ["conveyor", "--help"], ref, env, repeats)
+    val_b, val_c = alternating(["dvc", "status"], ["conveyor", "validate"], ref, env, repeats)
     help_m = Metric(f"`conveyor --help` vs `dvc --help` (s); goal: <= {CLI_GOAL_S:g} s", help_b, help_c)
     val_m = Metric(f"`conveyor validate` vs `dvc status` (s); goal: <= {CLI_GOAL_S:g} s", val_b, val_c)
     state = "before any run (--quick: outs absent, so `dvc status` lists every stage)" if quick else "up to date"
@@ -328,16 +273,3 @@ def _cli_metrics(ref: Path, env: dict[str, str], repeats: int, quick: bool, log:
                      f"{max(m.candidate):.2f}); goal <= {CLI_GOAL_S:g} s: {met(median(m.candidate) <= CLI_GOAL_S)}; "
                      f"the dvc command beside it: median {median(m.baseline):.2f} s")
     return [help_m, val_m]
-
-
-def _share(metric: Metric) -> float:
-    """Median over repetitions of candidate / baseline (how many times dvc's time conveyor took)."""
-    return statistics.median(c / b for b, c in zip(metric.baseline, metric.candidate, strict=True))
-
-
-def _phases(what: str, phases: list[tuple[float, float, float]]) -> str:
-    before, inside, after = (median([p[k] for p in phases]) for k in range(3))
-    return (f"where a no-op `conveyor run` of the {what} spends its time (medians, split by its run record's "
-            f"started/finished): {before:.2f} s before `started` (interpreter, imports, loading the project, and what "
-            f"else the implementation does first), {inside:.2f} s from `started` to `finished`, {after:.2f} s after "
-            "`finished` (summary, exit)")

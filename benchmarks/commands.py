@@ -1,0 +1,116 @@
+"""Whole commands timed by hyperfine (``--export-json``), with their process tree's memory from psutil.
+
+hyperfine (https://github.com/sharkdp/hyperfine; ``apt-get install hyperfine``,
+``brew install hyperfine`` or ``cargo install hyperfine``) times each command without a shell
+(``-N``): from its start to its exit, as the user waits for it. The project keeps the
+interleaving (one hyperfine call per repetition, the sides' order alternating, see
+:func:`benchmarks.harness.interleaved`) because a shared machine's load drifts over minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.harness import check
+from benchmarks.processes import MIB, Sampler, stop_group
+
+TIMEOUT_S = 600  # any one command
+INSTALL = "hyperfine is not installed: apt-get install hyperfine (or brew/cargo install hyperfine)"
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One run of a command: hyperfine's seconds, its stdout, the peak summed RSS of its tree (MiB), and
+    whether processes of its group outlived it by 10 s (they were killed)."""
+
+    seconds: float
+    stdout: str
+    peak_mib: float = 0.0
+    left: bool = False
+
+
+def hyperfine() -> str:
+    found = shutil.which("hyperfine")
+    check(found is not None, INSTALL)
+    assert found is not None
+    return found
+
+
+def compare(commands: Mapping[str, Sequence[str]], cwd: Path, env: Mapping[str, str], *, runs: int = 1,
+            warmup: int = 0) -> dict[str, list[float]]:
+    """hyperfine over ``commands`` (name -> argv) in that order, ``runs`` each after ``warmup``: seconds per run.
+    Every run must exit 0."""
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-hyperfine-") as tmp:
+        export = Path(tmp) / "hyperfine.json"
+        args = [hyperfine(), "-N", "--style", "none", "--runs", str(runs), "--warmup", str(warmup),
+                "--export-json", str(export)]
+        for name, argv in commands.items():
+            args += ["--command-name", name, shlex.join(argv)]
+        proc, _, left = _run(args, cwd, env)
+        check(not left, f"hyperfine in {cwd.name}: processes of its group outlived it by 10 s (killed)")
+        check(proc.returncode == 0, f"hyperfine in {cwd.name} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        results = json.loads(export.read_text())["results"]
+    return {name: [float(t) for t in result["times"]] for name, result in zip(commands, results, strict=True)}
+
+
+def timed(argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, memory: bool = False,
+          timeout: float = TIMEOUT_S, strict: bool = True) -> Timed:
+    """One run of ``argv`` under hyperfine: its time, stdout and (``memory``) the peak RSS of its process
+    tree sampled by psutil every 100 ms (hyperfine's own process left out). Checked: exit 0 and, ``strict``,
+    that nothing it started outlived it by 10 s."""
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-hyperfine-") as tmp:
+        export, output = Path(tmp) / "hyperfine.json", Path(tmp) / "stdout"
+        args = [hyperfine(), "-N", "--style", "none", "--runs", "1", "--ignore-failure", "--output", str(output),
+                "--export-json", str(export), shlex.join(argv)]
+        proc, peak, left = _run(args, cwd, env, timeout=timeout, sample=memory)
+        stdout = output.read_text(errors="replace") if output.is_file() else ""
+        check(proc.returncode == 0 and export.is_file(), f"hyperfine {shlex.join(argv)} in {cwd.name} exited "
+                                                         f"{proc.returncode}: {proc.stderr[-2000:]}")
+        (result,) = json.loads(export.read_text())["results"]
+    code = result["exit_codes"][0]
+    check(code == 0, f"`{shlex.join(argv)}` in {cwd.name} exited {code}:\n{stdout[-3000:]}")
+    check(not (strict and left), f"`{shlex.join(argv)}` in {cwd.name}: processes it started were still running "
+                                 "10 s after it exited (killed)")
+    return Timed(float(result["times"][0]), stdout, peak / MIB, left)
+
+
+def _run(args: list[str], cwd: Path, env: Mapping[str, str], *, timeout: float = TIMEOUT_S,
+         sample: bool = False) -> tuple[subprocess.CompletedProcess[str], int, bool]:
+    """hyperfine in a process group of its own: what it printed, the peak RSS of what it ran, and whether
+    processes of the group outlived it by 10 s (they are killed)."""
+    proc = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    sampler = Sampler(proc.pid, root=False)
+    with sampler if sample else contextlib.nullcontext():
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    left = stop_group(proc.pid, grace_s=10)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), sampler.peak, left
+
+
+def alternating(baseline: Sequence[str], candidate: Sequence[str], cwd: Path, env: Mapping[str, str], repeats: int,
+                *, warmup: int = 1) -> tuple[list[float], list[float]]:
+    """``repeats`` hyperfine calls of one run per side, B C then C B...; hyperfine's warm-up on the first only."""
+    base: list[float] = []
+    cand: list[float] = []
+    for i in range(repeats):
+        sides = {"baseline": baseline, "candidate": candidate}
+        order = dict(reversed(sides.items())) if i % 2 else sides
+        times = compare(order, cwd, env, warmup=warmup if i == 0 else 0)
+        base += times["baseline"]
+        cand += times["candidate"]
+    return base, cand

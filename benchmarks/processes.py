@@ -1,0 +1,109 @@
+"""Process trees, their memory and their leftovers, through psutil (no /proc parsing of our own)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+MIB = 2**20
+
+
+def tree_rss(pid: int, *, root: bool = True) -> dict[int, int]:
+    """Bytes of RSS of ``pid`` (unless ``root`` is false) and of each of its descendants now."""
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)] if root else top.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    sizes: dict[int, int] = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            sizes[proc.pid] = proc.memory_info().rss
+    return sizes
+
+
+class Sampler:
+    """Calls ``on_sample(tree_rss(pid))`` every ``period_s`` on a thread until closed; keeps the
+    largest summed RSS in ``peak``. ``root=False`` leaves ``pid`` itself out (a timer such as
+    hyperfine wrapping the measured command)."""
+
+    def __init__(self, pid: int, period_s: float = 0.1, *, root: bool = True,
+                 on_sample: Callable[[dict[int, int]], None] = lambda _sizes: None) -> None:
+        self.pid, self.period_s, self.root, self.on_sample = pid, period_s, root, on_sample
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sizes = tree_rss(self.pid, root=self.root)
+            self.peak = max(self.peak, sum(sizes.values()))
+            self.on_sample(sizes)
+            self._stop.wait(self.period_s)
+
+
+def stop_group(pgid: int, grace_s: float) -> bool:
+    """Wait up to ``grace_s`` for process group ``pgid`` to be empty; SIGKILL what is left. True if any was."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            return True
+        time.sleep(0.2)
+
+
+def with_env(name: str, value: str) -> list[psutil.Process]:
+    """Every process of this user whose environment has ``name=value`` (a run's PREFECT_HOME)."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            if proc.environ().get(name) == value:
+                found.append(proc)
+    return found
+
+
+def with_prefect_home(home: Path) -> list[psutil.Process]:
+    return with_env("PREFECT_HOME", str(home))
+
+
+def leftovers(home: Path, grace_s: float = 10) -> list[int]:
+    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (an embedded
+    server that outlived it); they are killed (they are this benchmark's) so as not to load the next run."""
+    found = with_prefect_home(home)
+    _gone, alive = psutil.wait_procs(found, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    return [proc.pid for proc in alive]
+
+
+def rss_mib(procs: list[psutil.Process]) -> float:
+    """The summed RSS of ``procs`` now, in MiB."""
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            total += proc.memory_info().rss
+    return total / MIB
