@@ -90,14 +90,32 @@ def with_prefect_home(home: Path) -> list[psutil.Process]:
 
 
 def leftovers(home: Path, grace_s: float = 10) -> list[int]:
-    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (an embedded
-    server that outlived it); they are killed (they are this benchmark's) so as not to load the next run."""
-    found = with_prefect_home(home)
+    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (a run's own
+    server that outlived it); they are killed (they are this benchmark's) so as not to load the next run.
+    The Prefect server conveyor keeps between runs is meant to outlive them: it is stopped too, but
+    not reported (``stop_kept`` ends it where a benchmark keeps it for the runs that follow)."""
+    found = [proc for proc in with_prefect_home(home) if not _kept(proc)]
     _gone, alive = psutil.wait_procs(found, timeout=grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
+    stop_kept(home)
     return [proc.pid for proc in alive]
+
+
+def stop_kept(home: Path) -> None:
+    """End the Prefect server conveyor kept for ``home`` (its runs are over)."""
+    for proc in with_prefect_home(home):
+        if _kept(proc):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
+
+def _kept(proc: psutil.Process) -> bool:
+    try:
+        return "conveyor.prefect.keeper" in proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
 
 
 def rss_mib(procs: list[psutil.Process]) -> float:
