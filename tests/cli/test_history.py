@@ -6,6 +6,8 @@ test pins the values each run (or matrix item) shows, in the column order.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ from typer.testing import CliRunner, Result
 import conveyor.cli.app as cli
 from conveyor.cli.chart import chart_page
 from conveyor.cli.history import compare_table
+from conveyor.errors import UsageError
 from conveyor.run.compare import artifact_rows, rows_of
 from conveyor.run.record import RunRecord, StageRecord, parse_record
 
@@ -34,6 +37,7 @@ stages:
   prepare: {cmd: "echo > data.txt", params: [preprocess], outs: [data.txt]}
   train: {cmd: "echo > model.txt", deps: [data.txt], params: [train], outs: [model.txt], metrics: [m.json]}
 """
+REPO = Path(__file__).resolve().parents[2]
 RUNS = ".conveyor/runs"
 
 
@@ -131,15 +135,49 @@ def test_compare_two_runs_differing_by_one_param(demo: Path) -> None:
     assert result.exit_code == 0, result.output
     out = result.stdout.splitlines()
     assert out[0].strip() == "demo (configs/pipeline.yaml): 2 runs"
-    assert [line.split() for line in out[1:3]] == [["preprocess.", "train.", "train.", "train:", "train:"],
-                                                   ["run", "test_size", "eta", "depth", "acc", "n"]]
+    # what changed (train.eta, set with -S) and every metric; the params the same in both are left out
+    assert [line.split() for line in out[1:3]] == [["train.", "train:", "train:"], ["run", "eta", "acc", "n"]]
     assert set(out[3]) == {"─"}
-    assert lines_of(result.stdout, "20261124T100000-aaaaaa") == [
-        ["20261124T100000-aaaaaa", "0.2", "0.1", "6", "0.9123", "-"]]
-    assert lines_of(result.stdout, "20261124T100500-bbbbbb") == [
-        ["20261124T100500-bbbbbb", "0.2", "0.3*", "6", "0.95", "120"]]
-    assert out[-1].strip() == "* set with -S in that run"
+    assert lines_of(result.stdout, "20261124T100000-aaaaaa") == [["20261124T100000-aaaaaa", "0.1", "0.9123", "-"]]
+    assert lines_of(result.stdout, "20261124T100500-bbbbbb") == [["20261124T100500-bbbbbb", "0.3*", "0.95", "120"]]
+    caption = " ".join(" ".join(out[out.index(next(line for line in out if line.startswith("*"))):]).split())
+    assert caption == "* set with -S in that run; 2 params the same in every row not shown (--all shows them)"
     assert conveyor("compare").stdout == result.stdout  # no ids: the last runs of the spec, oldest first
+
+    every = conveyor("compare", "--all").stdout.splitlines()
+    assert [line.split() for line in every[1:3]] == [["preprocess.", "train.", "train.", "train:", "train:"],
+                                                     ["run", "test_size", "eta", "depth", "acc", "n"]]
+    assert lines_of("\n".join(every), "20261124T100500-bbbbbb") == [
+        ["20261124T100500-bbbbbb", "0.2", "0.3*", "6", "0.95", "120"]]
+
+
+def test_compare_for_scripts_every_param_unfolded(demo: Path) -> None:
+    plain_runs(demo)
+    shown = conveyor("compare", "--json")
+    assert shown.exit_code == 0, shown.output
+    rows = json.loads(shown.stdout)
+    assert [(r["run"], r["item"], r["params"], r["set_with_S"], r["metrics"]) for r in rows] == [
+        ("20261124T100000-aaaaaa", None, {"preprocess.test_size": 0.2, "train.eta": 0.1, "train.depth": 6}, [],
+         {"train:acc": 0.912345}),  # unrounded, for scripts
+        ("20261124T100500-bbbbbb", None, {"preprocess.test_size": 0.2, "train.eta": 0.3, "train.depth": 6},
+         ["train.eta"], {"train:acc": 0.95, "train:n": 120})]
+    table = list(csv.reader(io.StringIO(conveyor("compare", "--csv").stdout)))
+    assert table == [["run", "item", "preprocess.test_size", "train.eta", "train.depth", "train:acc", "train:n"],
+                     ["20261124T100000-aaaaaa", "", "0.2", "0.1", "6", "0.912345", ""],
+                     ["20261124T100500-bbbbbb", "", "0.2", "0.3", "6", "0.95", "120.0"]]
+    both = conveyor("compare", "--json", "--csv")  # main() makes it one line and exit 2
+    assert isinstance(both.exception, UsageError) and str(both.exception) == "--json and --csv: give one of them"
+
+
+def test_a_long_list_param_is_folded_to_its_size_and_a_digest() -> None:
+    from conveyor.run.compare import fmt
+
+    columns = [f"feature_{i}" for i in range(31)]
+    folded = fmt(columns)
+    assert folded.startswith("[31 items #") and folded.endswith("]") and len(folded) <= 20
+    assert fmt([*columns[:-1], "other"]) != folded  # two lists that differ read differently
+    assert fmt({"a": list(range(20))}).startswith("{1 keys #")
+    assert fmt(["a", "b"]) == '["a", "b"]'  # short: as it is
 
 
 def matrix_runs(root: Path) -> None:
@@ -304,3 +342,32 @@ def test_a_metric_no_param_explains_is_plotted_against_the_run_order(demo: Path)
     circles = [(float(c.get("cx", 0)), float(c.get("cy", 0))) for c in chart.iter(f"{SVG}circle")]
     assert sorted(circles) == circles and len(circles) == 3  # left to right in order, higher acc higher up
     assert circles[0][1] > circles[1][1] > circles[2][1]
+
+
+def test_compare_of_the_reference_pipeline_fits_120_columns_and_names_the_changed_param(
+        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference project's own params.yaml (32 values, a 31-name column list among them) and the
+    metrics its stages write, in two runs that differ by one param set with -S."""
+    import yaml
+
+    import conveyor.cli.past as past
+    from conveyor.run.compare import flatten
+
+    params = flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
+    stages = {}
+    for name in ("train_xgb", "train_mlp", "test"):
+        values = flatten(json.loads((REPO / "metrics" / f"{name}.json").read_text()))
+        stages["evaluate" if name == "test" else name] = StageRecord(
+            "succeeded", metrics={k: v for k, v in values.items() if isinstance(v, int | float)})
+    write_run(demo, "20261124T100000-aaaaaa", 0, params=params, stages=stages)
+    changed = {**params, "train.xgb.booster.max_depth": 6}
+    write_run(demo, "20261124T100500-bbbbbb", 5, params=changed, stages=stages,
+              overrides={"train.xgb.booster.max_depth": 6})
+    monkeypatch.setattr(past, "out", Console(width=120, color_system=None))
+    shown = conveyor("compare")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert max(map(len, lines)) <= 120, shown.stdout
+    assert "max_depth" in shown.stdout and "6*" in shown.stdout  # the param that changed, marked as set by -S
+    assert "ingest.columns" not in shown.stdout and "feature" not in shown.stdout  # the same in both: left out
+    assert "31 params the same in every row not shown" in " ".join(shown.stdout.split())

@@ -69,11 +69,19 @@ def test_compare_shows_a_hand_edited_param_of_a_dvc_yaml(dvc_project: Project) -
     assert {stage["status"] for stage in record["stages"].values()} == {"skipped"}
     assert record["params"]["train.lr"] == 0.5
 
-    shown = dvc_project.conveyor("compare")
+    shown = dvc_project.conveyor("compare")  # the param that changed, the items' values, the metric
     assert shown.returncode == 0, shown.stdout + shown.stderr
     heading = " ".join(line for line in shown.stdout.splitlines()[1:3])
-    assert heading.split() == ["cfg.", "train.", "train.", "item.", "eval:",
-                               "run", "json:seed", "epochs", "lr", "fold", "acc"], shown.stdout
+    assert heading.split() == ["train.", "item.", "eval:", "run", "lr", "fold", "acc"], shown.stdout
     items = [line.split()[1:] for line in shown.stdout.splitlines() if line.startswith(("├", "└"))]
+    assert items == [["eval@1", "0.1", "1", "0.2"], ["eval@2", "0.1", "2", "0.3"],
+                     ["eval@1", "0.5", "1", "0.6"], ["eval@2", "0.5", "2", "0.7"]], shown.stdout
+    assert "2 params the same in every row not shown (--all shows them)" in " ".join(shown.stdout.split())
+
+    every = dvc_project.conveyor("compare", "--all")
+    heading = " ".join(line for line in every.stdout.splitlines()[1:3])
+    assert heading.split() == ["cfg.", "train.", "train.", "item.", "eval:",
+                               "run", "json:seed", "epochs", "lr", "fold", "acc"], every.stdout
+    items = [line.split()[1:] for line in every.stdout.splitlines() if line.startswith(("├", "└"))]
     assert items == [["eval@1", "7", "3", "0.1", "1", "0.2"], ["eval@2", "7", "3", "0.1", "2", "0.3"],
-                     ["eval@1", "7", "3", "0.5", "1", "0.6"], ["eval@2", "7", "3", "0.5", "2", "0.7"]], shown.stdout
+                     ["eval@1", "7", "3", "0.5", "1", "0.6"], ["eval@2", "7", "3", "0.5", "2", "0.7"]], every.stdout

@@ -37,7 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conveyor.errors import UsageError
-from conveyor.run.compare import MARK, Row, cells, columns_of, fmt
+from conveyor.run.compare import MARK, Columns, Row, cells, changed_from, columns_of, fmt, plain
 from conveyor.run.live import STYLE
 from conveyor.run.record import RunRecord
 from conveyor.run.schedule import Outcome
@@ -123,20 +123,23 @@ def _status(status: str) -> Text:
 
 # ------------------------------------------------------------------- conveyor compare
 
-def compare_table(rows: Sequence[Row], title: str = "", width: int = 80) -> Table:
+def compare_table(rows: Sequence[Row], title: str = "", width: int = 80, every: bool = False) -> Table:
     """``conveyor compare``: a row per run or item (``dvc exp show``) when that fits in ``width``
     columns, else whichever is narrower of it and the same table turned (a row per param and
-    metric, a column per run or item): what a pipeline with many metrics needs."""
-    wide, turned = _wide(rows, title), _turned(rows, title)
+    metric, a column per run or item): what a pipeline with many metrics needs. Of the params,
+    only those that tell the rows apart unless ``every`` (:func:`~conveyor.run.compare.columns_of`)."""
+    columns = columns_of(rows, every)
+    hidden = len(columns_of(rows).params) - len(columns.params)
+    wide, turned = _wide(rows, title, columns, hidden), _turned(rows, title, columns, hidden)
     need = natural_width(wide)
     return wide if need <= width or need <= natural_width(turned) else turned
 
 
-def _wide(rows: Sequence[Row], title: str) -> Table:
+def _wide(rows: Sequence[Row], title: str, columns: Columns, hidden: int) -> Table:
     """A row per run, its items under it: params (yellow), then metrics (cyan), each header on
-    two lines (``train.`` over ``eta``) to keep the columns narrow."""
-    columns = columns_of(rows)
-    table = _titled(rows, title)
+    two lines (``train.`` over ``eta``) to keep the columns narrow; a param that changed since
+    the run before (the same item's row) in bold."""
+    table = _titled(rows, title, hidden)
     table.add_column("run", no_wrap=True)
     for key in columns.params:
         table.add_column(_header(key, "."), header_style="bold yellow", justify="right")
@@ -144,13 +147,15 @@ def _wide(rows: Sequence[Row], title: str) -> Table:
         table.add_column(_header(key, ":"), header_style="bold cyan", justify="right")
     blank = [""] * (len(columns.params) + len(columns.metrics))
     with_items = any(r.item for r in rows)  # then a blank line after each run's rows
-    for i, row in enumerate(rows):
+    for i, (row, changed) in enumerate(zip(rows, changed_from(rows), strict=True)):
         first = i == 0 or rows[i - 1].run_id != row.run_id
         last = i == len(rows) - 1 or rows[i + 1].run_id != row.run_id
         if first and row.item:  # a run whose rows are all items: its id heads them
             table.add_row(row.run_id, *blank)
         name = f"{'└' if last else '├'} {row.item}" if row.item else row.run_id
-        table.add_row(name, *cells(row, columns)[2:], end_section=last and with_items)
+        values = [Text(v, style="bold" if key in changed else "")
+                  for key, v in zip((*columns.params, *columns.metrics), cells(row, columns)[2:], strict=True)]
+        table.add_row(name, *values, end_section=last and with_items)
     return table
 
 
@@ -160,10 +165,9 @@ def _header(key: str, sep: str) -> str:
     return f"{head}{found}\n{tail}" if found and head and tail else key
 
 
-def _turned(rows: Sequence[Row], title: str) -> Table:
+def _turned(rows: Sequence[Row], title: str, columns: Columns, hidden: int) -> Table:
     """A row per param, then per metric; a column per run or item. Values that differ are bold."""
-    columns = columns_of(rows)
-    table = _titled(rows, title)
+    table = _titled(rows, title, hidden)
     table.add_column("", no_wrap=True)
     for row in rows:
         table.add_column(f"{row.run_id}\n{row.item}" if row.item else row.run_id, justify="right",
@@ -178,7 +182,41 @@ def _turned(rows: Sequence[Row], title: str) -> Table:
     return table
 
 
-def _titled(rows: Sequence[Row], title: str) -> Table:
-    caption = f"{MARK} set with -S in that run" if any(r.overridden for r in rows) else None
+def _titled(rows: Sequence[Row], title: str, hidden: int = 0) -> Table:
+    notes = [f"{MARK} set with -S in that run"] if any(r.overridden for r in rows) else []
+    if hidden:
+        notes.append(f"{hidden} param{'s' if hidden != 1 else ''} the same in every row not shown (--all shows them)")
+    caption = "; ".join(notes) or None
     return Table(title=title or None, title_justify="left", caption=caption, caption_justify="left",
                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+
+
+def machine_rows(rows: Sequence[Row], form: str) -> str:
+    """``compare --json``/``--csv``: every row with every param, values as the record has them
+    (lists unfolded, credentials redacted), for scripts."""
+    import csv
+    import json
+
+    columns = columns_of(rows)
+    if form == "json":
+        records = [{"run": row.run_id, "item": row.item or None,
+                    "params": {k: plain(row.params[k]) for k in columns.params if k in row.params},
+                    "set_with_S": sorted(row.overridden),
+                    "metrics": {k: row.metrics[k] for k in columns.metrics if k in row.metrics}} for row in rows]
+        return json.dumps(records, indent=2, default=str) + "\n"
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["run", "item", *columns.params, *columns.metrics])
+    for row in rows:
+        writer.writerow([row.run_id, row.item,
+                         *(_csv_cell(plain(row.params[k]) if k in row.params else None) for k in columns.params),
+                         *(_csv_cell(row.metrics.get(k)) for k in columns.metrics)])
+    return buffer.getvalue()
+
+
+def _csv_cell(value: object) -> str:
+    import json
+
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, default=str)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -45,14 +46,22 @@ def compare(
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.html", help="Also write an HTML page with a chart per metric (no network needed).")
     ] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every param, also those the same in every row.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The rows as JSON, every param, values unfolded.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="The rows as CSV, every param, values unfolded.")] = False,
 ) -> None:
     """Params and metrics of runs side by side, matrix items on rows of their own (as dvc exp show).
+
+    Shows the params that differ between the rows (bold where one changed since the run before)
+    and every metric; --all shows every param.
 
     RUN...: run ids or unique prefixes of them, shown in that order (default: the last 5 runs, oldest first).
     """
     from conveyor.cli.history import compare_table, pick
     from conveyor.run.compare import rows_of
 
+    if as_json and as_csv:
+        raise UsageError("--json and --csv: give one of them")
     page = _plot_path(plot) if plot is not None else None
     project, mine, others = _past_runs(config)
     chosen = pick(run_ids, mine, others) if run_ids else mine[-5:]
@@ -62,13 +71,18 @@ def compare(
         return
     rows = rows_of(chosen)
     title = f"{project.pipeline.pipeline} ({spec}): {len(chosen)} run{'s' if len(chosen) != 1 else ''}"
-    _print_whole(compare_table(rows, title, out.width))
+    if as_json or as_csv:
+        from conveyor.cli.history import machine_rows
+
+        sys.stdout.write(machine_rows(rows, "json" if as_json else "csv"))
+    else:
+        _print_whole(compare_table(rows, title, out.width, every))
     if page is not None:
         from conveyor.cli.chart import chart_page
         from conveyor.workspace import replace_atomically
 
         replace_atomically(page, chart_page(rows, [r.run_id for r in chosen], title))
-        out.print(f"wrote {page}", highlight=False, soft_wrap=True)
+        (err if as_json or as_csv else out).print(f"wrote {page}", highlight=False, soft_wrap=True)
 
 
 def _print_whole(table: Table) -> None:

@@ -4,6 +4,7 @@ metrics (data only; the tables are :mod:`conveyor.cli.history`'s). Built once fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -81,8 +82,13 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def columns_of(rows: Iterable[Row]) -> Columns:
-    """Params (a run's, then items' values) and metrics, each in the order they first appear."""
+def columns_of(rows: Iterable[Row], every: bool = True) -> Columns:
+    """Params (a run's, then items' values) and metrics, each in the order they first appear.
+
+    ``every`` False: of the params, only those that tell the rows apart (what ``dvc exp show``
+    users read a comparison for: what changed and what it did), those set with ``-S``, and the
+    items' values; all of them when there is one row (nothing to tell apart)."""
+    rows = list(rows)
     params: dict[str, None] = {}
     items: dict[str, None] = {}
     metrics: dict[str, None] = {}
@@ -90,7 +96,28 @@ def columns_of(rows: Iterable[Row]) -> Columns:
         for key in row.params:
             (items if key.startswith(ITEM) else params)[key] = None
         metrics.update(dict.fromkeys(row.metrics))
+    if not every and len(rows) > 1:
+        params = {key: None for key in params if changes(rows, key) or any(key in r.overridden for r in rows)}
     return Columns((*params, *items), tuple(metrics))
+
+
+def changes(rows: Sequence[Row], key: str) -> bool:
+    """Whether the param ``key`` has more than one value (or is missing somewhere) among ``rows``."""
+    return len({json.dumps(r.params.get(key, MISSING), sort_keys=True, default=str) for r in rows}) > 1
+
+
+def changed_from(rows: Sequence[Row]) -> list[frozenset[str]]:
+    """Per row, the params whose value differs from the row before it of the same item (the previous
+    run's), as ``dvc exp show`` marks a changed cell; nothing for a row with none before it."""
+    last: dict[str, Row] = {}
+    marked: list[frozenset[str]] = []
+    for row in rows:
+        before = last.get(row.item)
+        keys = set(row.params) | set(before.params if before else ())
+        marked.append(frozenset(k for k in keys if before is not None
+                                and before.params.get(k, MISSING) != row.params.get(k, MISSING)))
+        last[row.item] = row
+    return marked
 
 
 def cells(row: Row, columns: Columns) -> list[str]:
@@ -101,8 +128,13 @@ def cells(row: Row, columns: Columns) -> list[str]:
     return [row.run_id, row.item or MISSING, *params, *metrics]
 
 
+FOLD_ABOVE = 40  # characters: a list or mapping longer than this is shown as its size and a digest
+
+
 def fmt(value: Any) -> str:
-    """A param or metric value as the table shows it: floats to 4 significant digits, URLs without credentials."""
+    """A param or metric value as the table shows it: floats to 4 significant digits, URLs without
+    credentials, a long list or mapping folded to its size and a digest (``[31 items #3f2a9c]``: two
+    runs' lists differ when their digests do)."""
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, float):
@@ -111,7 +143,23 @@ def fmt(value: Any) -> str:
         return f"{value:.4g}"
     if isinstance(value, int):
         return str(value)
-    return redact(value if isinstance(value, str) else json.dumps(value, default=str))  # a source URL's password
+    if isinstance(value, str):
+        return redact(value)  # a source URL's password
+    text = redact(json.dumps(value, default=str))
+    if len(text) <= FOLD_ABOVE or not isinstance(value, list | tuple | Mapping):
+        return text
+    digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    size = f"{len(value)} keys" if isinstance(value, Mapping) else f"{len(value)} items"
+    return f"{'{' if isinstance(value, Mapping) else '['}{size} #{digest}{'}' if isinstance(value, Mapping) else ']'}"
+
+
+def plain(value: Any) -> Any:
+    """A value for ``--json``/``--csv``: as the record has it (unfolded), credentials redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list | tuple | Mapping):
+        return json.loads(redact(json.dumps(value, default=str)))
+    return value
 
 
 def artifact_rows(run: RunRecord) -> list[dict[str, str]]:
