@@ -70,8 +70,7 @@ def _write(project: Project, path: Path, text: str) -> None:
     from conveyor.workspace import replace_atomically
 
     replace_atomically(path, text)
-    shown = project.rel(path) if path.resolve().is_relative_to(project.root) else str(path)
-    out.print(f"wrote {shown}: open {path.resolve().as_uri()}", highlight=False, soft_wrap=True)
+    out.print(f"wrote {project.rel(path)}: open {path.resolve().as_uri()}", highlight=False, soft_wrap=True)
 
 
 def _output_path(path: Path) -> Path:
