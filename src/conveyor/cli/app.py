@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -253,22 +252,7 @@ def _recover_outs(project: Project) -> None:
     recover_for_question(project, partial(err.print, style="yellow", highlight=False, soft_wrap=True))
 
 
-class DagFormat(StrEnum):
-    text = "text"
-    mermaid = "mermaid"
-    dot = "dot"
-
-
-@app.command("dag")
-def show_dag(
-    config: SpecOption = None,
-    fmt: Annotated[DagFormat, typer.Option("--format", help="text, mermaid or dot.")] = DagFormat.text,
-) -> None:
-    """Print the DAG."""
-    from conveyor.cli.render import render_dag
-
-    project = project_of(config)
-    out.print(render_dag(project, fmt.value), highlight=False, markup=False)
+from conveyor.cli import graph  # noqa: E402, F401 - `conveyor dag` registers here, in its place in --help
 
 
 @app.command("compile")

@@ -61,6 +61,9 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
     lines.append(_whole("record:  ", project.rel(record_path(project.root, record.run_id))))
     if record.flow_run_url:
         lines.append(_whole("prefect: ", record.flow_run_url))
+    if record.failed:  # where a failure stands in the pipeline, what it holds up, and what else is stale
+        lines.append(_whole("dag:     ", f"conveyor dag --format html{project.spec_option}  (a page: "
+                                         f"{', '.join(record.failed)} failed, the stages it holds up, and why)"))
     if resume:
         lines.append(Text(f"resume with: {resume}", style="bold"))
     return Group(*lines)

@@ -28,6 +28,7 @@ from prefect.states import Completed, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from conveyor.errors import Interrupted, UsageError
+from conveyor.prefect.edges import submit_connected, upstream_runs
 from conveyor.prefect.server import raise_if_gone
 from conveyor.run import capture
 from conveyor.run.compare import artifact_rows
@@ -75,7 +76,8 @@ def let_go(runner: TaskRunner[Any] | None, *, only_if_stuck: bool = False) -> No
         runner._executor = None
 
 
-def _stage_task(stage: str, runner: StageRunner) -> str:
+def _stage_task(stage: str, runner: StageRunner, upstream: Sequence[str] = ()) -> str:
+    """Run ``stage``; ``upstream`` names its upstream stages' task runs, for Prefect's graph (see edges)."""
     try:
         return runner(stage).value
     except Exception as exc:  # Prefect stores the message and logs the traceback: never with a credential
@@ -133,7 +135,8 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
                                 retry_delay_seconds=spec.retry_delay_s,
                                 cache_policy=NO_CACHE, persist_result=False)(_stage_task)
             began[stage] = time.monotonic()
-            futures[stage] = prefect_task.submit(stage, runner)
+            futures[stage] = submit_connected(prefect_task, {"stage": stage, "runner": runner},
+                                              upstream_runs(project.graph, stage, futures))
             futures[stage].add_done_callback(lambda _f: finished.put(stage))
             return True
 
