@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from browser import CHROMIUM, browse
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
@@ -295,6 +296,44 @@ def test_plot_writes_one_escaped_svg_page_with_a_series_per_run(demo: Path) -> N
     [chart] = [ET.fromstring(svg) for svg in svg_parts(page)]
     ticks = [t.text for t in chart.iter(f"{SVG}text")]
     assert "plain" in ticks and hostile in ticks and x_label(chart) == "train.note"  # the param that differs
+
+
+def test_plot_leaves_out_what_has_no_value_and_keeps_its_axes_on_the_data(demo: Path, tmp_path: Path) -> None:
+    """A run without the x param is not drawn at null, a failed run is in the legend as 'no value'
+    (the legend lists the runs the title counts), close values get distinct y labels, and an
+    error metric's axis does not run below zero."""
+    write_run(demo, "20261124T120000-aaaaaa", 0, params={"train.eta": 0.1},
+              stages={"train": StageRecord("succeeded", metrics={"rmse": 0.91234, "zero": 0.0})})
+    write_run(demo, "20261124T120100-bbbbbb", 1, params={"train.eta": 0.3}, overrides={"train.eta": 0.3},
+              stages={"train": StageRecord("succeeded", metrics={"rmse": 0.91236, "zero": 0.0})})
+    write_run(demo, "20261124T120200-cccccc", 2, params={}, overrides={},  # an older spec: no train.eta
+              stages={"train": StageRecord("succeeded", metrics={"rmse": 0.9125})})
+    write_run(demo, "20261124T120300-dddddd", 3, params={"train.eta": 0.5}, status="failed",
+              stages={"train": StageRecord("failed")})
+    result = conveyor("compare", "--plot", "edge.html")
+    assert result.exit_code == 0, result.output
+    page = (demo / "edge.html").read_text()
+    rmse, zero = (ET.fromstring(svg) for svg in svg_parts(page))
+    assert x_label(rmse) == "train.eta"
+    xs = [t.text for t in rmse.iter(f"{SVG}text") if t.get("y") == "215"]
+    assert "null" not in xs and "None" not in xs, xs
+    drawn = {g.get("data-run") for g in rmse.iter(f"{SVG}g") if g.get("class") == "series"}
+    assert drawn == {"20261124T120000-aaaaaa", "20261124T120100-bbbbbb"}
+    legend = ["".join(t.itertext()) for t in rmse.iter(f"{SVG}text") if t.get("class") == "legend"]
+    assert legend == ["20261124T120000-aaaaaa", "20261124T120100-bbbbbb",
+                      "20261124T120200-cccccc (no train.eta)", "20261124T120300-dddddd (no value)"]
+    labels = [t.text for t in rmse.iter(f"{SVG}text") if t.get("class") == "y-tick"]
+    assert len(labels) == len(set(labels)) >= 3, labels
+    for chart in (rmse, zero):
+        ticks = [float(t.text or "") for t in chart.iter(f"{SVG}text") if t.get("class") == "y-tick"]
+        assert min(ticks) >= 0, ticks
+
+    if CHROMIUM is not None:  # the page as a browser renders it: no console message, a picture
+        shot = tmp_path / "edge.png"
+        _, console = browse(demo / "edge.html", tmp_path / "chromium", f"--screenshot={shot}",
+                            "--window-size=1600,900")
+        print(f"screenshot of edge.html: {shot}")
+        assert console == [] and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
 
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -21,7 +21,7 @@ from conveyor.run.compare import ITEM, Row, columns_of, fmt
 
 COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
-WIDTH, HEIGHT = 680, 250
+WIDTH, HEIGHT = 780, 250
 LEFT, RIGHT, TOP, BOTTOM = 56, 420, 30, 200  # the plot area; right of it, line labels, then the legend
 LEGEND = RIGHT + 90
 RUN_ORDER = "run (in the order compared)"
@@ -53,13 +53,18 @@ def chart_page(rows: Sequence[Row], run_ids: Sequence[str], title: str) -> str:
 
 
 def chart_svg(metric: str, rows: Sequence[Row], run_ids: Sequence[str], colour: dict[str, str]) -> str:
-    """One metric against the param that varies most usefully (see the module docstring)."""
+    """One metric against the param that varies most usefully (see the module docstring). A row
+    with no value for that param is left out of the chart, and the legend says so; so is a run
+    with no value of the metric (it failed, or its stage did not run): the legend lists every run
+    compared, as the page's title counts them."""
     measured = [r for r in rows if metric in r.metrics and math.isfinite(r.metrics[metric])]
     key, rest = x_param(measured)
-    points = [Point(r, run_ids.index(r.run_id) + 1 if key is None else r.params.get(key), r.metrics[metric],
-                    tuple(f"{k}={fmt(r.params.get(k))}" for k in rest)) for r in measured]
+    placed = [r for r in measured if key is None or r.params.get(key) is not None]
+    points = [Point(r, run_ids.index(r.run_id) + 1 if key is None else r.params[key], r.metrics[metric],
+                    tuple(f"{k}={fmt(r.params.get(k))}" for k in rest)) for r in placed]
     xs = _XAxis([p.x for p in points])
-    y_ticks = nice_ticks(min((p.y for p in points), default=0.0), max((p.y for p in points), default=1.0))
+    values = [p.y for p in points]
+    y_ticks = nice_ticks(min(values, default=0.0), max(values, default=1.0))
     scale_y = _scale(y_ticks[0], y_ticks[-1], BOTTOM, TOP)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
              f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="system-ui, sans-serif" font-size="11" '
@@ -70,7 +75,10 @@ def chart_svg(metric: str, rows: Sequence[Row], run_ids: Sequence[str], colour: 
         mine = [p for p in points if p.row.run_id == run]
         if mine:
             parts.append(_series(run, mine, metric, key, xs, scale_y, colour[run]))
-    parts += _legend([r for r in run_ids if any(p.row.run_id == r for p in points)], colour)
+    missing = {r.run_id: f"no {key}" for r in measured if r not in placed}
+    missing |= {run: "no value" for run in run_ids if not any(r.run_id == run for r in measured)}
+    parts += _legend(run_ids, colour, {run: why for run, why in missing.items()
+                                       if not any(p.row.run_id == run for p in points)})
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -90,15 +98,27 @@ def x_param(rows: Sequence[Row]) -> tuple[str | None, list[str]]:
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round values (steps of 1, 2 or 5 times a power of ten) spanning ``low`` to ``high``, and a little more."""
+    """Round values (steps of 1, 2 or 5 times a power of ten) spanning ``low`` to ``high``, and a little
+    more; never below zero for values that are not (an error, a loss, a count has no negative axis)."""
+    floor = 0.0 if low >= 0 else -math.inf
     pad = (high - low) * 0.05 or abs(low) * 0.1 or 1.0  # no point on the frame; one value: a band around it
-    low, high = low - pad, high + pad
+    low, high = max(low - pad, floor), high + pad
     raw = (high - low) / (count - 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.floor(low / step)
+    first = max(math.floor(low / step), 0 if floor == 0 else -(2**62))
     last = math.ceil(high / step)
     return [round(i * step, 12) for i in range(first, last + 1)]
+
+
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels for evenly spaced ``ticks``, with as many decimals as their step needs: no two alike
+    (4 significant digits would print 0.91234 and 0.91236 both as 0.9123)."""
+    if len(ticks) < 2:
+        return [fmt(t) for t in ticks]
+    step = abs(ticks[1] - ticks[0]) or 1.0
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return [f"{t:.{decimals}f}" for t in ticks]
 
 
 class _XAxis:
@@ -128,10 +148,10 @@ def _scale(low: float, high: float, start: float, end: float) -> Scale:
 def _axes(xs: _XAxis, x_label: str, y_ticks: Sequence[float], scale_y: Scale) -> list[str]:
     parts = [f'<line x1="{LEFT}" y1="{BOTTOM}" x2="{RIGHT}" y2="{BOTTOM}" stroke="#888"/>',
              f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{BOTTOM}" stroke="#888"/>']
-    for value in y_ticks:
+    for value, label in zip(y_ticks, tick_labels(y_ticks), strict=True):
         y = scale_y(value)
         parts.append(f'<line x1="{LEFT + 1}" y1="{y:.1f}" x2="{RIGHT}" y2="{y:.1f}" stroke="#eee"/>'
-                     f'<text x="{LEFT - 5}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt(value))}</text>')
+                     f'<text class="y-tick" x="{LEFT - 5}" y="{y + 4:.1f}" text-anchor="end">{escape(label)}</text>')
     for tick in xs.ticks:
         parts.append(f'<text x="{xs(tick):.1f}" y="{BOTTOM + 15}" text-anchor="middle">{escape(fmt(tick))}</text>')
     parts.append(f'<text class="x-label" x="{(LEFT + RIGHT) / 2}" y="{BOTTOM + 36}" text-anchor="middle" '
@@ -162,10 +182,14 @@ def _series(run: str, points: Sequence[Point], metric: str, key: str | None, xs:
     return "".join(parts)
 
 
-def _legend(run_ids: Sequence[str], colour: dict[str, str]) -> list[str]:
+def _legend(run_ids: Sequence[str], colour: dict[str, str], missing: dict[str, str]) -> list[str]:
+    """Every run compared, in its colour; one not in this chart greyed, saying why (``no value``)."""
     parts = []
     for i, run in enumerate(run_ids):
         y = TOP + 8 + i * 18
-        parts.append(f'<rect x="{LEGEND}" y="{y - 9}" width="10" height="10" fill="{colour[run]}"/>'
-                     f'<text x="{LEGEND + 16}" y="{y}">{escape(run)}</text>')
+        why = missing.get(run)
+        fill = "#ccc" if why else colour[run]
+        note = f' <tspan fill="#888">({escape(why)})</tspan>' if why else ""
+        parts.append(f'<rect x="{LEGEND}" y="{y - 9}" width="10" height="10" fill="{fill}"/>'
+                     f'<text class="legend" x="{LEGEND + 16}" y="{y}">{escape(run)}{note}</text>')
     return parts
