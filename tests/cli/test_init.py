@@ -138,6 +138,33 @@ def test_init_inside_a_git_repository_makes_a_dvc_subdirectory(tmp_path: Path) -
     assert run(["dvc", "root"], root).stdout.strip() == "."
     assert run(["conveyor", "validate"], root).stdout.startswith("configs/pipeline.yaml: ok (3 stages, 2 profiles)")
     assert "pipeline: churn" in (root / "configs/pipeline.yaml").read_text()
+    assert "a DVC subdir project of the git repository around it; commit it when you are ready" in done.stdout
+    assert run(["git", "rev-list", "--all"], tmp_path).stdout == ""  # the user's repository: no commit made in it
+
+
+def test_a_new_project_starts_with_its_first_commit_and_a_clean_tree(tmp_path: Path) -> None:
+    done = run(["conveyor", "init", "fresh"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "(git and DVC initialised, first commit made)" in done.stdout
+    root = tmp_path / "fresh"
+    assert len(run(["git", "rev-list", "--all"], root).stdout.split()) == 1
+    assert run(["git", "status", "--porcelain"], root).stdout == ""  # everything init made is committed
+    tracked = run(["git", "ls-files"], root).stdout.split()
+    assert {"dvc.yaml", "configs/pipeline.yaml", ".dvc/config", ".gitignore"} <= set(tracked)
+
+
+def test_without_a_git_identity_init_says_so_and_makes_no_commit(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), GIT_CONFIG_NOSYSTEM="1",
+               EMAIL="", GIT_CONFIG_GLOBAL=str(home / "gitconfig"))
+    (home / "gitconfig").write_text("[user]\n\tuseConfigOnly = true\n")  # no guessing from the host name
+    done = run(["conveyor", "init", "fresh"], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert ("no first commit: git has no user.name and user.email here (git config --global user.name/"
+            "user.email), then git commit") in done.stdout
+    assert run(["git", "rev-list", "--all"], tmp_path / "fresh", env).stdout == ""
 
 
 @pytest.mark.slow

@@ -309,9 +309,10 @@ def init(directory: Annotated[Path, typer.Argument(metavar="DIR", hidden=True)] 
     """
     from conveyor.scaffold import init_project
 
-    root = init_project(directory)
+    made = init_project(directory)
+    root = made.root
     cd = "" if root == Path.cwd().resolve() else f"  cd {directory}\n"
-    out.print(f"made the conveyor project {root.name} in {root} (git and DVC initialised)\nnext:\n{cd}"
+    out.print(f"made the conveyor project {root.name} in {root} ({made.git})\nnext:\n{cd}"
               "  conveyor run               # run the pipeline\n"
               "  pip install -e \".[test]\"   # the project's test dependencies (pytest), once\n"
               "  python -m pytest           # the project's tests",

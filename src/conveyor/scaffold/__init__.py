@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from conveyor.errors import UsageError
@@ -32,8 +33,8 @@ def project_name(folder: str) -> str:
     return name or "project"
 
 
-def init_project(target: Path) -> Path:
-    """Make a project in ``target`` (new, or an empty directory); returns its absolute path."""
+def init_project(target: Path) -> Made:
+    """Make a project in ``target`` (new, or an empty directory): where, and what it did with git."""
     target = target.resolve()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"{target} is not empty: conveyor init makes a project in a new or empty directory "
@@ -54,7 +55,33 @@ def init_project(target: Path) -> Path:
         subprocess.run(["git", "init", "-q"], cwd=target, check=True)
     _init_dvc(target, subdir=repository is not None)
     _compile(target)
-    return target
+    if repository is not None:  # a subdir project of the user's repository: what to commit there is theirs
+        return Made(target, "a DVC subdir project of the git repository around it; commit it when you are ready")
+    why_not = _first_commit(target)
+    return Made(target, "git and DVC initialised, first commit made" if why_not is None else
+                f"git and DVC initialised; no first commit: {why_not}, then git commit")
+
+
+@dataclass(frozen=True)
+class Made:
+    """The project ``conveyor init`` made, and what it did with git, in words."""
+
+    root: Path
+    git: str
+
+
+def _first_commit(root: Path) -> str | None:
+    """Commit everything ``conveyor init`` made, as the project's first commit; None when done, else
+    why not (git without user.name/user.email: the user's to set, never set for them)."""
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True, capture_output=True)
+    done = subprocess.run(["git", "commit", "-q", "-m", "conveyor init: a new project"], cwd=root,
+                          capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return None
+    said = (done.stderr or done.stdout).strip().splitlines()
+    if any("user.email" in line or "user.name" in line or "identity" in line for line in said):
+        return "git has no user.name and user.email here (git config --global user.name/user.email)"
+    return said[-1] if said else f"git commit exited {done.returncode}"
 
 
 def _copy_template(target: Path, name: str) -> None:
