@@ -27,7 +27,7 @@ def kept_project(make_project: Callable[[], Project], home: Path, idle: str = "1
     project.write("configs/pipeline.yaml", """
         pipeline: kept
         stages:
-          one: {cmd: echo 1 > one.txt, outs: [one.txt]}
+          one: {cmd: echo said-one && echo 1 > one.txt, outs: [one.txt]}
           two: {cmd: echo 2 > two.txt, outs: [two.txt]}
     """)
     return project
@@ -94,8 +94,10 @@ def test_later_runs_join_the_server_the_first_kept_and_stop_ends_it(
     [server] = keepers(home)
     assert server.pid == kept["pid"]  # it outlived the run that started it
 
-    again = project.conveyor("run", "-f")
+    again = project.conveyor("run", "-f", "-v")
     assert again.returncode == 0, again.stderr
+    assert "said-one" in again.stdout + again.stderr  # -v shows a command's own output
+    assert "View at" not in again.stderr and "/runs/flow-run/" not in again.stderr  # no UI to link to
     assert state(home) == kept and [p.pid for p in keepers(home)] == [server.pid]  # joined, none started
     records = sorted((project.root / ".conveyor/runs").glob("2*.json"))
     ids = {json.loads(r.read_text())["flow_run_id"] for r in records}

@@ -110,7 +110,8 @@ def execute(session: RunSession, view: RunView, run: RunRecord, events: RunEvent
     with Profiles(project.pipeline.profiles, options.profiles) as profiles:
         for warning in profiles.check({project.pipeline.stages[s].on for s in schedule.order}):
             view.console.print(f"[bold yellow]WARNING[/] {warning}")
-        runner = StageRunner(project, profiles, options.force, run, view, session.record)
+        runner = StageRunner(project, profiles, options.force, run, view, session.record,
+                             echo=capture.verbose_echo())  # -v: a command's own lines too
         history = History(project)  # what changed in a stage's environment since its last run: said in its reason
         runner.on_abandon = finished.put  # abandoned at its timeout: its task run has not ended
 

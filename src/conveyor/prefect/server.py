@@ -340,10 +340,11 @@ def _recording_in(url: str) -> Iterator[None]:
 
     Without flow run heartbeats: they feed the zombie-run automations of a server with services,
     which a local server does not run, and Prefect's heartbeat thread sleeps in steps of a second
-    that the end of every flow run waits out (0.5 s on average, a third of a one-stage run).
+    that the end of every flow run waits out (0.5 s on average, a third of a one-stage run). And
+    without a UI URL: the local server serves no UI, so Prefect's "View at ..." would be a dead link.
     """
     from prefect.context import refresh_global_settings_context
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_UI_URL, temporary_settings
 
     for name in ("NO_PROXY", "no_proxy"):  # Prefect's client must reach the loopback server directly
         os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1"]))
@@ -351,7 +352,7 @@ def _recording_in(url: str) -> Iterator[None]:
     refresh_global_settings_context()
     TEMPORARY.append(url)
     try:
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_UI_URL: ""}):
             yield
     finally:
         _drain_prefect(url)

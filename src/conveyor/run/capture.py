@@ -40,6 +40,7 @@ LineSink = Callable[[str, str], None]  # (stream "out" | "err", line without new
 current_sink: ContextVar[LineSink | None] = ContextVar("conveyor_stage_sink", default=None)
 
 _console: Console | None = None
+_verbose: list[LineSink] = []  # the terminal's echo while a verbose capture is active
 
 
 def active() -> bool:
@@ -50,6 +51,12 @@ def active() -> bool:
 def console() -> Console:
     """Where the live view draws: the real terminal while a capture is active, else stderr."""
     return _console if _console is not None else Console(stderr=True)
+
+
+def verbose_echo() -> LineSink | None:
+    """Where a stage's own lines also go in a verbose capture (``conveyor run -v``): the terminal,
+    as a task's prints do; None otherwise (they go to the stage's log and the live view only)."""
+    return _verbose[0] if _verbose else None
 
 
 class _RouterStream(io.TextIOBase):
@@ -160,6 +167,8 @@ def capture_output(run_log: Path, verbose: bool = False) -> Iterator[Console]:
     """
     global _console
     log = RunLog(run_log, _echo if verbose else None)
+    if verbose:
+        _verbose.append(_echo)
     saved: dict[int, int] = {}
     terminal: TextIO | None = None
     reader: threading.Thread | None = None
@@ -194,6 +203,8 @@ def capture_output(run_log: Path, verbose: bool = False) -> Iterator[Console]:
             handler.addFilter(stage_records)
         yield _console
     finally:
+        if verbose:
+            _verbose.remove(_echo)
         for router in (sys.stdout, sys.stderr):
             if isinstance(router, _RouterStream):
                 router.finish()
