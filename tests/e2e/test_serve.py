@@ -94,6 +94,7 @@ def reference_service(tmp_path_factory: pytest.TempPathFactory, prefect_server: 
         yield project, service
     assert service.proc.returncode == 130, service.log
     assert "interrupted (SIGINT): the model service stopped" in service.log
+    assert "POST /predict" not in service.log  # no access line per request unless --log-level info
     assert not project.left_running()
 
 
@@ -250,9 +251,18 @@ def test_serve_model_refuses_what_it_cannot_serve(linear_project: Project) -> No
     linear_project.write("models/linear.json", linear_model())
     for args, message in [(("--max-body", "lots"), "--max-body lots: write a size like 16MiB"),
                           (("--model", "nowhere"), "--model nowhere: not a directory"),
-                          (("--host", "192.0.2.1"), "--host 192.0.2.1 --port 0: cannot listen there")]:
+                          (("--host", "192.0.2.1"), "--host 192.0.2.1 --port 0: cannot listen there"),
+                          (("--log-level", "loud"), "--log-level loud: one of critical, error, warning, info")]:
         refused = linear_project.conveyor("serve-model", "--port", "0", *args)
         assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
     linear_project.write("configs/pipeline.yaml", "pipeline: x\nstages:\n  a: {cmd: 'true'}\n")
     bare = linear_project.conveyor("serve-model")
     assert bare.returncode == 2 and "declares no model: add a 'model:' section" in bare.stderr
+    (linear_project.root / "configs/pipeline.yaml").unlink()  # a DVC project: its dvc.yaml can hold no model
+    linear_project.init_dvc()
+    linear_project.write("dvc.yaml", "stages:\n  a: {cmd: 'true'}\n")
+    for command in ("serve-model", "predict"):
+        args = ["-i", "rows.parquet", "-o", "out.parquet"] if command == "predict" else []
+        dvc = linear_project.conveyor(command, *args)
+        assert dvc.returncode == 2 and "dvc.yaml cannot declare a model: write a small conveyor spec beside it" \
+            in dvc.stderr, dvc.stderr

@@ -80,13 +80,19 @@ def serve_model(
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows per request at most.")] = 10_000,
     max_body: Annotated[str, typer.Option("--max-body", metavar="SIZE", help="Request body size at most.")
                         ] = "16MiB",
+    log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL",
+                                           help="The HTTP server's: warning (default), info (a line per "
+                                                "request), debug, error, critical.")] = "warning",
 ) -> None:
     """Serve the model over HTTP (POST /predict, GET /model, GET /health, OpenAPI at /docs) until Ctrl-C."""
-    from conveyor.predict.service import serve
+    from conveyor.predict.service import LOG_LEVELS, serve
 
     if not _is_size(max_body):
         raise UsageError(f"--max-body {max_body}: write a size like 16MiB")
+    if log_level.lower() not in LOG_LEVELS:
+        raise UsageError(f"--log-level {log_level}: one of {', '.join(LOG_LEVELS)}")
     try:
-        serve(project_of(config), model, host=host, port=port, max_rows=max_rows, max_body=max_body)
+        serve(project_of(config), model, host=host, port=port, max_rows=max_rows, max_body=max_body,
+              log_level=log_level.lower())
     except KeyboardInterrupt:  # uvicorn has shut down gracefully, then re-raised the signal
         signals.stopped(err, "the model service stopped")

@@ -54,6 +54,11 @@ class ModelVersion:
 def model_spec(project: Project) -> ModelSpec:
     """The spec's ``model:`` section, or a usage error saying how to declare one."""
     spec = project.pipeline.model
+    if spec is None and project.spec_path.name == "dvc.yaml":  # DVC's file: no model: section can go there
+        raise UsageError(f"{project.rel(project.spec_path)} cannot declare a model: write a small conveyor spec "
+                         "beside it (configs/placed.yaml: 'dvc: dvc.yaml' and a 'model:' section of files, "
+                         "features, predict) and pass it with -c configs/placed.yaml (README, \"Already have a "
+                         "dvc.yaml?\")")
     if spec is None:
         raise UsageError(f"{project.rel(project.spec_path)} declares no model: add a 'model:' section "
                          "(files, features, predict; see the README, \"Predict and serve\")")

@@ -260,9 +260,14 @@ def _score(scorer: Scorer, rows: list[Mapping[str, float]]) -> list[float | None
 # --------------------------------------------------------------------------- the server
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+ACCESS = ("info", "debug", "trace")  # the levels that show a line per request
+
+
 def serve(project: Project, which: str, *, host: str = "127.0.0.1", port: int = 8000, max_rows: int = 10_000,
-          max_body: str = "16MiB") -> None:
-    """Load the model, then serve it until SIGINT/SIGTERM (uvicorn stops gracefully)."""
+          max_body: str = "16MiB", log_level: str = "warning") -> None:
+    """Load the model, then serve it until SIGINT/SIGTERM (uvicorn stops gracefully). ``log_level``:
+    uvicorn's; its access lines (one per request) show from ``info`` down."""
     import uvicorn
 
     limit = size_of(max_body)
@@ -276,7 +281,8 @@ def serve(project: Project, which: str, *, host: str = "127.0.0.1", port: int = 
     model = live.current.model
     print(f"serving model {model.version} ({model.source}) at http://{url_host}:{sock.getsockname()[1]} "
           f"(OpenAPI at /docs; Ctrl-C stops)", flush=True)
-    config = uvicorn.Config(create_app(live, max_body=limit), log_level="info", timeout_graceful_shutdown=10)
+    config = uvicorn.Config(create_app(live, max_body=limit), log_level=log_level, access_log=log_level in ACCESS,
+                            timeout_graceful_shutdown=10)
     uvicorn.Server(config).run(sockets=[sock])
 
 
