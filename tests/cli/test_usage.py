@@ -137,7 +137,7 @@ def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_
     for noise in ("prefect", "Prefect", "temporary server", "Flow run", "Task run"):
         assert noise not in terminal, noise
     assert "prefect:" not in terminal  # no link: the embedded server's UI ends with the run
-    assert done.stderr.rstrip().splitlines()[-1].startswith("record:  .conveyor/runs/")  # the summary ends it
+    assert done.stdout.rstrip().splitlines()[-1].startswith("record:  .conveyor/runs/")  # the summary ends it
     assert "Error" not in terminal
     run_log = next((tiny / ".conveyor/logs").glob("*/run.log"))
     assert "Beginning flow run" in run_log.read_text()
@@ -172,7 +172,7 @@ def test_a_run_with_nothing_to_do_starts_no_server_and_imports_no_prefect(
                            text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert "heavy: []" in again.stdout  # the record here is conveyor's own: not even DVC
-    assert "up to date" in again.stderr
+    assert "up to date" in again.stdout
     assert list(home.iterdir()) == []  # no server ever opened a database there
     record = json.loads((tiny / ".conveyor/runs/latest.json").read_text())
     assert {s["status"] for s in record["stages"].values()} == {"skipped"}

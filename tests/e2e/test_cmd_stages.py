@@ -161,7 +161,7 @@ def test_a_failed_stage_leaves_its_previous_outs(make_project: Callable[[], Proj
 
     assert done.returncode == 1
     assert project.record()["stages"][stage]["status"] == "failed"
-    assert error in done.stderr.replace("│", "")  # the summary's error column may wrap; the message is whole
+    assert error in done.stdout.replace("│", "")  # the summary's error column may wrap; the message is whole
     assert (project.root / OUTS[stage]).read_text() == before[stage]  # never "partial"
     assert not list((project.root / ".conveyor/journal").iterdir())
     assert not project.left_running()

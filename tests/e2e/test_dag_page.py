@@ -86,8 +86,8 @@ def test_a_failed_run_names_the_page_and_the_page_names_the_failure(
         """)
     ran = project.conveyor("run")
     assert ran.returncode == 1
-    assert "dag:     conveyor dag --format html  (a page: b failed, the stages it holds up, and why)" in ran.stderr
-    assert ran.stderr.strip().splitlines()[-1] == "resume with: conveyor run b --downstream"
+    assert "dag:     conveyor dag --format html  (a page: b failed, the stages it holds up, and why)" in ran.stdout
+    assert ran.stdout.strip().splitlines()[-1] == "resume with: conveyor run b --downstream"
 
     made = project.conveyor("dag", "--format", "html")
     assert made.returncode == 0, made.stderr

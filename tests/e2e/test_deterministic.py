@@ -112,7 +112,7 @@ def test_a_deterministic_task_that_fails_names_its_error_and_leaves_the_previous
 
     failed = project.conveyor("run", "-f", "-s", "flaky")
     assert failed.returncode == 1
-    assert f"stage 'flaky' failed: ValueError: no rows in {project.root / 'break'}" in failed.stderr
+    assert f"stage 'flaky' failed: ValueError: no rows in {project.root / 'break'}" in failed.stdout
     assert (project.root / "out/flaky.txt").read_text() == "complete"  # the previous out, put back
     record = project.record()
     log = (project.root / f".conveyor/logs/{record['run_id']}/flaky.log").read_text()

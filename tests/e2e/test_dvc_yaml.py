@@ -251,7 +251,7 @@ def test_a_failing_stage_leaves_the_lock_entries_of_the_stages_that_finished(
     project = dvc_repo(make_project, FAILING)
     run = project.conveyor("run")
     assert run.returncode == 1
-    assert "no luck" in run.stderr and "resume with: conveyor run bad --downstream" in run.stderr
+    assert "no luck" in run.stdout and "resume with: conveyor run bad --downstream" in run.stdout
     statuses = {n: s["status"] for n, s in project.record()["stages"].items()}
     assert statuses == {"base": "succeeded", "good": "succeeded", "bad": "failed", "after": "not_run"}
     assert set(lock(project)["stages"]) == {"base", "good"}  # as dvc repro --keep-going leaves it

@@ -116,8 +116,8 @@ def test_a_failed_stage_points_at_its_log(make_project: Callable[[], Project]) -
     result = project.conveyor("run")
     assert result.returncode == 1
     run_id = project.record()["run_id"]
-    assert "crunch failed: RuntimeError: broke on purpose" in result.stderr
-    assert f"its log: .conveyor/logs/{run_id}/crunch.log  (conveyor logs crunch)" in result.stderr
+    assert "crunch failed: RuntimeError: broke on purpose" in result.stdout
+    assert f"its log: .conveyor/logs/{run_id}/crunch.log  (conveyor logs crunch)" in result.stdout
     assert "about to break" in project.conveyor("logs", "crunch").stdout
 
 
@@ -150,7 +150,7 @@ def test_single_item_status_exit_code_and_reasons_in_plain_words(make_project: C
     assert single.returncode == 0, single.stderr
     assert list(project.record()["stages"]) == ["b"]
     assert (project.root / "out/b.txt").read_text().split() == ["1", "3"]
-    assert "params changed: b.n 2 → 3" in single.stderr
+    assert "params changed: b.n 2 → 3" in single.stdout
     after = project.conveyor("status")
     assert re.search(r"a\s+│\s+stale\s+│\s+params changed: a\.n 1 → 5", after.stdout), after.stdout
     assert json.loads((project.root / ".conveyor/runs/latest.json").read_text())["status"] == "succeeded"

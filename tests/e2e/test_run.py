@@ -125,7 +125,7 @@ def test_second_run_skips_force_reruns_and_status_says_why(make_project: Callabl
     again = project.conveyor("run")
     assert again.returncode == 0
     assert {s["status"] for s in project.record()["stages"].values()} == {"skipped"}
-    assert "up to date" in again.stderr
+    assert "up to date" in again.stdout
     assert not project.record()["flow_run_id"]  # nothing due: decided before any flow started
 
     project.write("params.yaml", "a: {n: 1}\nb: {n: 3}\n")
@@ -162,8 +162,8 @@ def test_failure_stops_dependents_and_independent_branch_finishes(make_project: 
     assert "b broke on purpose" in stages["b"]["error"]
     assert stages["d"]["reason"] == "upstream 'b' failed"
     assert project.record()["status"] == "failed"
-    assert "not run: d" in result.stderr
-    assert "resume with: conveyor run b --downstream" in result.stderr
+    assert "not run: d" in result.stdout
+    assert "resume with: conveyor run b --downstream" in result.stdout
     assert "Traceback" not in result.stderr
 
 
@@ -338,6 +338,6 @@ def test_many_stages_up_to_date_are_one_line_of_the_summary(make_project: Callab
     assert again.returncode == 0, again.stderr
     stages = project.record()["stages"]
     assert [name for name, st in stages.items() if st["status"] == "succeeded"] == ["s13"]
-    assert "skipped, up to date: 13 stages (s00 ... s12; `conveyor status` lists each)" in again.stderr
-    assert re.search(r"│ s13 +│ succeeded", again.stderr), again.stderr
-    assert not re.search(r"│ s0\d ", again.stderr), again.stderr  # no row each for the 13 up to date
+    assert "skipped, up to date: 13 stages (s00 ... s12; `conveyor status` lists each)" in again.stdout
+    assert re.search(r"│ s13 +│ succeeded", again.stdout), again.stdout
+    assert not re.search(r"│ s0\d ", again.stdout), again.stdout  # no row each for the 13 up to date

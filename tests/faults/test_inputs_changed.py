@@ -69,7 +69,7 @@ def test_params_edited_while_a_stage_runs_are_recorded_as_it_ran_and_leave_it_st
     assert ran.returncode == 0, ran.stderr
     assert (project.root / "out.txt").read_text() == "0.1\n"
     assert _lock(project)["params"] == {"params.yaml": {"lr": 0.1}}  # what made out.txt, not what is there now
-    assert "step: params changed: lr 0.1 → 0.2: changed while it ran" in ran.stderr
+    assert "step: params changed: lr 0.1 → 0.2: changed while it ran" in ran.stdout
     assert project.record()["stages"]["step"]["inputs_changed"] == ["params changed: lr 0.1 → 0.2"]
     status = project.conveyor("status")
     assert "stale" in status.stdout and "params changed: lr 0.1 → 0.2" in status.stdout, status.stdout
@@ -121,7 +121,7 @@ def test_a_dep_edited_while_a_stage_runs_leaves_it_stale_in_conveyors_own_record
     ran = _run_editing(project, lambda: project.write("data.txt", "new"))
     assert ran.returncode == 0, ran.stderr
     assert (project.root / "out.txt").read_text() == "old"
-    assert "step: dep changed: data.txt: changed while it ran" in ran.stderr
+    assert "step: dep changed: data.txt: changed while it ran" in ran.stdout
     status = project.conveyor("status")
     assert "stale" in status.stdout and "dep changed: data.txt" in status.stdout, status.stdout
     assert project.conveyor("run").returncode == 0

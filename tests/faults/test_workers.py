@@ -134,7 +134,7 @@ def test_killed_workers_are_replaced_restarted_after_a_timeout_and_memory_limits
     assert "Dask workers of profile 'small' died running its task 'allocate-" in hog["error"]
     assert "300MiB (memory_limit)" in hog["error"]
     assert (project.root / "data/hog.txt").read_text() == "old"
-    assert "stage 'hog' failed" in result.stderr
+    assert "stage 'hog' failed" in result.stdout
     train = stages["train"]
     assert (project.root / "died-training").exists()  # a worker died mid-training
     # the collective failed (or, waiting for the dead peer, timed out); the retry ran on restarted workers
@@ -412,7 +412,7 @@ def test_a_command_past_its_workers_memory_limit_fails_as_a_task_does(make_proje
     # the words a task past memory_limit gets (see the hog stage above)
     assert "its command's processes on a Dask worker of profile 'small' used" in big["error"]
     assert "each worker may use 200MiB (memory_limit), and a command past 95% of it is killed" in big["error"]
-    assert "stage 'big' failed" in result.stderr
+    assert "stage 'big' failed" in result.stdout
     assert (project.root / "data/big.txt").read_text() == "old"
     assert stages["modest"]["status"] == "succeeded", stages["modest"]
     assert (project.root / "data/modest.txt").read_text() == "new\n"

@@ -112,8 +112,10 @@ def run(
             else:
                 record = _run_flow(project, session, run_id, verbose)
     except KeyboardInterrupt as exc:
-        signals.interrupted_run(err, project, run_id, exc, options)
-    err.print(summary(record, project, resume_command(project, record, options)))
+        signals.interrupted_run(out, err, project, run_id, exc, options)
+    # the summary is the command's output (stdout: `conveyor run > run.txt` keeps it); the live view,
+    # warnings and errors are on stderr
+    out.print(summary(record, project, resume_command(project, record, options)))
     if record.status != "succeeded":
         raise typer.Exit(1)
 

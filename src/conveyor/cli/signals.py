@@ -103,11 +103,11 @@ def stopped(err: Console, what: str = STOPPED) -> NoReturn:
     os._exit(exit_code(name))
 
 
-def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardInterrupt,
+def interrupted_run(out: Console, err: Console, project: Project, run_id: str, exc: KeyboardInterrupt,
                     options: RunOptions | None = None) -> NoReturn:
     """Ctrl-C, SIGTERM or SIGHUP during a run, once everything it started has stopped: what the run
-    did and what was stopped, and how to finish it (``options``: the run's); then exit 130 (SIGINT),
-    143 (SIGTERM) or 129 (SIGHUP)."""
+    did (its summary, on ``out`` as a finished run's) and what was stopped (one line on ``err``), and
+    how to finish it (``options``: the run's); then exit 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP)."""
     from conveyor.cli.view import resume_interrupted, summary
     from conveyor.run.record import close_before_flow, record_path
 
@@ -117,7 +117,7 @@ def interrupted_run(err: Console, project: Project, run_id: str, exc: KeyboardIn
     record = close_before_flow(project, run_id, interrupted=True)  # if stopped while its server started
     if record is None:  # interrupted before the run wrote its record: it had decided nothing
         stopped(err, "before any stage started: nothing changed")
-    say(err, summary(record, project, resume_interrupted(project, record, options)))
+    say(out, summary(record, project, resume_interrupted(project, record, options)))
     names = record.interrupted
     what = f"stopped {', '.join(names)} (previous outs kept)" if names else "no stage was running"
     stopped(err, f"{what}; clusters, workers and commands were stopped; record: {project.rel(path)}")
