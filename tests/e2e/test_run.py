@@ -341,3 +341,23 @@ def test_many_stages_up_to_date_are_one_line_of_the_summary(make_project: Callab
     assert "skipped, up to date: 13 stages (s00 ... s12; `conveyor status` lists each)" in again.stdout
     assert re.search(r"│ s13 +│ succeeded", again.stdout), again.stdout
     assert not re.search(r"│ s0\d ", again.stdout), again.stdout  # no row each for the 13 up to date
+
+
+def test_a_summary_piped_at_a_narrow_width_keeps_its_title_paths_and_commands_whole(
+        make_project: Callable[[], Project]) -> None:
+    """``conveyor run > run.txt``: the summary is on stdout, and the lines that are read or copied
+    (its title, the dag page command, resume with) are never cut or wrapped mid-phrase."""
+    project = make_project()
+    name = "a-pipeline-with-a-rather-long-name-for-a-narrow-pipe"
+    project.write("configs/pipeline.yaml", f"""
+        pipeline: {name}
+        stages:
+          a: {{cmd: echo a > a.txt, outs: [a.txt]}}
+          b: {{cmd: exit 3, deps: [a.txt], outs: [b.txt]}}
+    """)
+    done = project.conveyor("run", env={"COLUMNS": "50"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"{name} · run ") and lines[0].rstrip().endswith("s"), lines[0]
+    assert "dag:     conveyor dag --format html  (a page: b failed, the stages it holds up, and why)" in lines
+    assert lines[-1] == "resume with: conveyor run b --downstream"

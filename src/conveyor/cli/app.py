@@ -115,7 +115,7 @@ def run(
         signals.interrupted_run(out, err, project, run_id, exc, options)
     # the summary is the command's output (stdout: `conveyor run > run.txt` keeps it); the live view,
     # warnings and errors are on stderr
-    out.print(summary(record, project, resume_command(project, record, options)))
+    out.print(summary(record, project, resume_command(project, record, options)), crop=False)
     if record.status != "succeeded":
         raise typer.Exit(1)
 

@@ -58,7 +58,7 @@ def say(err: Console, what: object) -> None:
         if isinstance(what, str):
             err.print(what, highlight=False, soft_wrap=True)
         else:
-            err.print(what)
+            err.print(what, crop=False)  # the summary's paths and commands stay whole (its lines do not wrap)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -21,7 +21,7 @@ from conveyor.spec.project import Project
 def summary(record: RunRecord, project: Project, resume: str | None = None) -> RenderableType:
     """What a run did and what came out: stages, metrics, outputs, where the logs and record are."""
     title = f"{record.pipeline} · run {record.run_id} · {record.status} in {record.wall_s:.1f}s"
-    table = Table(title=title, title_justify="left")
+    table = Table()  # the title on a line of its own: a table's title wraps at the table's width
     retried = any(st.attempts > 1 for st in record.stages.values())
     for col in ("stage", "status", "duration", "profile", *(["attempts"] if retried else []), "why"):
         table.add_column(col, justify="right" if col in ("duration", "attempts") else "left")
@@ -31,7 +31,9 @@ def summary(record: RunRecord, project: Project, resume: str | None = None) -> R
         if name not in folded:
             table.add_row(name, Text(st.status, style=STYLE.get(st.status, "")), f"{st.duration_s:.1f}s",
                           st.where, *([str(st.attempts)] if retried else []), st.error or st.reason)
-    lines: list[RenderableType] = [table] if table.row_count else [Text(title, style="italic")]
+    lines: list[RenderableType] = [Text(title, style="italic", no_wrap=True, overflow="ignore")]
+    if table.row_count:
+        lines.append(table)
     if folded:
         lines.append(Text.assemble((f"skipped, {UP_TO_DATE}: ", STYLE["skipped"]), f"{len(idle)} stages ({idle[0]} "
                                    f"... {idle[-1]}; `conveyor status` lists each)"))
