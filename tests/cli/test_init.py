@@ -69,12 +69,15 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
         line = server.stdout.readline()
         assert "(latest run) at http://127.0.0.1:" in line, line
         model = json.loads((root / "models/model.json").read_text())
-        row = dict.fromkeys(model["features"], 1.0)
+        scaler = json.loads((root / "models/scaler.json").read_text())
+        row = dict.fromkeys(model["features"], 1.0)  # a raw row: the model standardises it as featurize did
         request = urllib.request.Request(line.split(" at ")[1].split()[0] + "/predict",
                                          json.dumps({"rows": [row]}).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             scores = json.loads(answer.read())["scores"]
-        assert scores == pytest.approx([model["intercept"] + sum(model["coef"])])
+        expected = model["intercept"] + sum(coef * (1.0 - scaler["mean"][name]) / scaler["std"][name]
+                                            for name, coef in zip(model["features"], model["coef"], strict=True))
+        assert scores == pytest.approx([expected])
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(30) == 130
@@ -109,7 +112,7 @@ def test_a_new_project_says_how_to_test_it_points_editors_at_the_schema_and_dvc_
     added = run(["dvc", "add", "data/my.csv"], root)
     assert added.returncode == 0, added.stdout + added.stderr
     assert (root / "data/my.csv.dvc").is_file()
-    outs = ["data/raw.csv", "data/features/part.0.parquet", "models/model.json"]
+    outs = ["data/raw.csv", "data/features/part.0.parquet", "models/scaler.json", "models/model.json"]
     assert run(["git", "check-ignore", *outs], root).stdout.split() == outs
 
 

@@ -18,13 +18,20 @@ if TYPE_CHECKING:
 
 
 def load(files: Mapping[str, Path]) -> dict[str, Any]:
-    """Read the model once per version (``files``: the section's names -> paths)."""
+    """Read the model once per version (``files``: the section's names -> paths): the ridge weights
+    and the means and deviations featurize standardised with."""
     model: dict[str, Any] = json.loads(files["model"].read_text(encoding="utf-8"))
+    model["scaler"] = json.loads(files["scaler"].read_text(encoding="utf-8"))
     return model
 
 
 def predict(model: Mapping[str, Any], rows: pd.DataFrame) -> npt.NDArray[np.float64]:
-    """One prediction per row: the ridge regression scripts/train.py fitted."""
+    """One prediction per raw row (the columns of data/raw.csv): standardised as featurize did,
+    then the ridge regression scripts/train.py fitted."""
     import numpy as np
 
-    return np.asarray(rows.to_numpy(dtype="float64") @ np.asarray(model["coef"]) + model["intercept"])
+    features = model["features"]
+    mean = np.asarray([model["scaler"]["mean"][c] for c in features])
+    std = np.asarray([model["scaler"]["std"][c] for c in features])
+    scaled = (rows[features].to_numpy(dtype="float64") - mean) / std
+    return np.asarray(scaled @ np.asarray(model["coef"]) + model["intercept"])

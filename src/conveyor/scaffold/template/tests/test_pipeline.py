@@ -36,12 +36,12 @@ def test_the_pipeline_runs_and_learns(tmp_path: Path) -> None:
     record = json.loads((tmp_path / ".conveyor/runs/latest.json").read_text())
     assert again.returncode == 0 and {s["status"] for s in record["stages"].values()} == {"skipped"}
 
-    # the model section: the trained model scores the features in batch (one worker, started and stopped)
-    scored = subprocess.run(["conveyor", "predict", "-i", "data/features", "-o", "predictions.parquet",
+    # the model section: the trained model scores raw rows in batch (one worker, started and stopped)
+    scored = subprocess.run(["conveyor", "predict", "-i", "data/raw.csv", "-o", "predictions.parquet",
                              "--allow-extra", "--workers", "1"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)
     assert scored.returncode == 0, scored.stdout + scored.stderr
-    features = pd.read_parquet(tmp_path / "data/features")
+    raw = pd.read_csv(tmp_path / "data/raw.csv")
     predictions = pd.read_parquet(tmp_path / "predictions.parquet")
-    assert len(predictions) == len(features)
-    assert ((predictions["score"] - features["y"]) ** 2).mean() < 0.1 * features["y"].var()
+    assert len(predictions) == len(raw)
+    assert ((predictions["score"] - raw["y"]) ** 2).mean() < 0.1 * raw["y"].var()
