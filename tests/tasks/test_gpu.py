@@ -116,6 +116,20 @@ def test_local_cuda_cluster_runs_one_worker_per_gpu_each_on_its_own(cuda_client:
     assert all(cuda_client.run(_sees_a_gpu).values())
 
 
+def test_the_gpu_profile_declares_one_gpu_per_worker_for_the_stages_resources() -> None:
+    """conveyor's dask-cuda profile, started as a run starts it: each worker declares GPU=1, which a
+    stage's `resources: {GPU: k}` holds (conveyor.run.held)."""
+    pytest.importorskip("dask_cuda")
+    from conveyor.run.profiles import Profiles
+    from conveyor.spec.profiles import DaskCudaProfile
+
+    with Profiles({"gpu": DaskCudaProfile(kind="dask-cuda")}) as profiles:
+        client = profiles.get("gpu").client
+        assert client is not None
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        assert len(workers) == GPUS and all(w["resources"] == {"GPU": 1} for w in workers.values())
+
+
 # --- xgboost.dask on cuda ----------------------------------------------------------------------
 
 
