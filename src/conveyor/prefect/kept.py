@@ -104,16 +104,30 @@ class State:
 
 
 class _Lock:
-    """A flock on a file of the server's directory."""
+    """A flock on a file of the server's directory; ``timeout_s``: how long to wait for it (None:
+    as long as it takes, for locks only held for an instant)."""
 
-    def __init__(self, path: Path, mode: int) -> None:
-        self.path, self.mode = path, mode
+    def __init__(self, path: Path, mode: int, timeout_s: float | None = None) -> None:
+        self.path, self.mode, self.timeout_s = path, mode, timeout_s
         self.file: TextIOWrapper | None = None
 
     def __enter__(self) -> _Lock:
         self.file = self.path.open("a")
-        fcntl.flock(self.file, self.mode)
-        return self
+        if self.timeout_s is None:
+            fcntl.flock(self.file, self.mode)
+            return self
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.file, self.mode | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.file.close()
+                    raise PrefectServerError(
+                        f"another run has been starting the Prefect server conveyor keeps for {self.timeout_s:.0f} s "
+                        f"({self.path} is locked): wait for it, or set PREFECT_API_URL to a server you run") from None
+                time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
         assert self.file is not None
@@ -165,7 +179,7 @@ class KeptServer:
     def launch(self) -> None:
         """Start a kept server, unless one started while this run waited its turn (then joined)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.starting = _Lock(self.directory / "start.lock", fcntl.LOCK_EX).__enter__()
+        self.starting = _Lock(self.directory / "start.lock", fcntl.LOCK_EX, STARTUP_TIMEOUT_S + 10).__enter__()
         if self.join() is not None:
             return
         port = _free_port()
