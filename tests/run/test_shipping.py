@@ -27,6 +27,8 @@ array = dask_pickle.dumps(np.arange(1000), buffer_callback=buffers.append)
 assert len(buffers) == 1 and len(array) < 1000  # out of band, as Dask sends arrays
 graph = dask_pickle.dumps({"graph": [(tasks.helpers.tag, "x")], "lib": mylib.double})
 sys.stdout.write("graph " + graph.hex() + "\\n")
+import tasks.locked  # its function holds a lock: not picklable by value, so sent by reference, as before
+assert pickle.loads(dask_pickle.dumps(tasks.locked.guarded)) is tasks.locked.guarded
 """
 
 LOAD = """
@@ -40,6 +42,8 @@ print(fn(arg), loaded["lib"](21), "tasks" in sys.modules, "mylib" in sys.modules
 def test_project_modules_travel_by_value_and_data_does_not_change(tmp_path: Path) -> None:
     root = tmp_path / "project"
     for rel, text in {"tasks/__init__.py": "", "tasks/helpers.py": "def tag(x):\n    return f'mine:{x}'\n",
+                      "tasks/locked.py": "import threading\nLOCK = threading.Lock()\n\n\ndef guarded():\n"
+                                         "    with LOCK:\n        return 1\n",
                       "src/mylib.py": "def double(x):\n    return 2 * x\n",
                       "conveyor/__init__.py": "",  # the repository itself as a project: conveyor stays by reference
                       ".venv/lib/python3.11/site-packages/installed/__init__.py": ""}.items():

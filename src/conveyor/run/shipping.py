@@ -137,11 +137,16 @@ def _shipping(dumps: Callable[..., bytes]) -> Callable[..., bytes]:
 
             with _lock:
                 _register_imported()
+            by_reference = list(buffers)
             buffers.clear()
             kwargs: dict[str, Any] = {"protocol": protocol or pickle.HIGHEST_PROTOCOL}
             if collect is not None and kwargs["protocol"] >= 5:
                 kwargs["buffer_callback"] = collect
-            result = cloudpickle.dumps(x, **kwargs)
+            try:
+                result = cloudpickle.dumps(x, **kwargs)
+            except (pickle.PicklingError, TypeError, AttributeError):  # by value, a global of the code does not
+                # pickle (a lock, a connection):
+                buffers[:] = by_reference  # as Dask sent it, by reference (workers that have the project run it)
         if buffer_callback is not None:
             for buffer in buffers:
                 buffer_callback(buffer)
