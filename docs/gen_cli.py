@@ -13,27 +13,26 @@ MARKER = "<!-- cli-help -->"
 
 
 def _helps(command: Any, context: Any) -> list[tuple[str, str]]:
-    """``(command path, its --help)`` for ``command`` and, depth first, every command under it."""
-    import click
+    """``(command path, its --help)`` for ``command`` and, depth first, every command under it.
 
+    Duck-typed and with the command's own context class: typer vendors its own click.
+    """
     found = [(context.command_path, command.get_help(context).rstrip())]
-    if isinstance(command, click.Group):
-        for name in command.list_commands(context):
-            sub = command.get_command(context, name)
-            if sub is not None and not sub.hidden:
-                found += _helps(sub, click.Context(sub, info_name=name, parent=context))
+    for name in command.list_commands(context) if hasattr(command, "list_commands") else []:
+        sub = command.get_command(context, name)
+        if sub is not None and not sub.hidden:
+            found += _helps(sub, sub.context_class(sub, info_name=name, parent=context))
     return found
 
 
 def cli_markdown() -> str:
     """One section per command: its name as a heading and its ``--help`` in a code block."""
-    import click
     import typer
 
     from conveyor.cli.app import app
 
     root = typer.main.get_command(app)
-    context = click.Context(root, info_name="conveyor", terminal_width=100, max_content_width=100)
+    context = root.context_class(root, info_name="conveyor", terminal_width=100, max_content_width=100)
     return "\n".join(f"### `{path}`\n\n```text\n$ {path} --help\n{text}\n```\n"
                      for path, text in _helps(root, context))
 
