@@ -1,7 +1,7 @@
 """Fetching many sources on a thread pool: fsspec URLs and globs, retries, checksums, byte ranges.
 
 ``fetch_sources(params, out, executor=ctx.executor, progress=ctx.progress, log=ctx.log)``
-is what an ingest task calls; ``params`` is its section of params.yaml (see the README).
+is what an ingest task calls; ``params`` is its section of params.yaml (see docs/how-to/ingest.md).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def fetch_sources(params: Mapping[str, Any], out: Path, *, executor: Executor | 
     """Fetch the sources ``params`` names into parquet parts in the new directory ``out``.
 
     ``params`` is an ingest section of params.yaml (``sources``, ``columns``, ``retry``...;
-    see the README); ``key`` is its name there, used in error messages. Work runs on
+    see docs/how-to/ingest.md); ``key`` is its name there, used in error messages. Work runs on
     ``executor`` (the stage's thread pool) or on a pool of its own.
     """
     parsed = IngestParams.parse(params, key=key)

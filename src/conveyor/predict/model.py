@@ -57,11 +57,11 @@ def model_spec(project: Project) -> ModelSpec:
     if spec is None and project.spec_path.name == "dvc.yaml":  # DVC's file: no model: section can go there
         raise UsageError(f"{project.rel(project.spec_path)} cannot declare a model: write a small conveyor spec "
                          "beside it (configs/placed.yaml: 'dvc: dvc.yaml' and a 'model:' section of files, "
-                         "features, predict) and pass it with -c configs/placed.yaml (README, \"Already have a "
-                         "dvc.yaml?\")")
+                         "features, predict) and pass it with -c configs/placed.yaml (docs/getting-started/"
+                         "existing-dvc-yaml.md)")
     if spec is None:
         raise UsageError(f"{project.rel(project.spec_path)} declares no model: add a 'model:' section "
-                         "(files, features, predict; see the README, \"Predict and serve\")")
+                         "(files, features, predict; see docs/how-to/predict.md)")
     return spec
 
 
