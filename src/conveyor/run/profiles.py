@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import ProfileError, UsageError
 from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
 from conveyor.run.record import IN_PROCESS
+from conveyor.run.slurm import slurm_cluster
 from conveyor.spec.base import size_in_bytes
 from conveyor.spec.profiles import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
 
@@ -192,21 +193,6 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
     devices = profile.devices if profile.devices is not None else visible_gpus()
     return Resources(profile=name, client=client, n_workers=_n_workers(client), devices=tuple(devices),
                      memory_limit=profile.memory_limit)
-
-
-def slurm_cluster(name: str, profile: SlurmProfile) -> Any:
-    """A dask-jobqueue SLURMCluster for the profile (its scheduler runs here; no job submitted yet)."""
-    try:
-        from dask_jobqueue.slurm import SLURMCluster
-    except ImportError as exc:
-        raise ProfileError(f"profile '{name}' needs dask-jobqueue: pip install 'conveyor[slurm]' ({exc})") from exc
-    options: dict[str, Any] = {
-        "queue": profile.queue, "account": profile.account, "interface": profile.interface,
-        "cores": profile.cores, "memory": profile.memory, "walltime": profile.walltime,
-        "processes": profile.processes, "job_extra_directives": list(profile.job_extra),
-        "job_name": f"conveyor-{name}",
-    }
-    return SLURMCluster(**{k: v for k, v in options.items() if v is not None})
 
 
 def _start_slurm(name: str, profile: SlurmProfile, stack: ExitStack) -> Resources:
