@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 from projects import REPO, Project
 
-pytestmark = pytest.mark.slow
-
 SCRIPT = REPO / "scripts/slurm-single-node.sh"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 
@@ -67,6 +65,10 @@ def _why_no_slurm() -> str:
     if missing:
         return f"no {', '.join(missing)} here: apt-get install slurm-wlm munge"
     return ""
+
+
+# skipped before any fixture starts (the session's Prefect server among them)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_why_no_slurm()), reason=_why_no_slurm() or "-")]
 
 
 @pytest.fixture(scope="module")
