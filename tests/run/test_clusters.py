@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,33 @@ def test_slurm_profile_generates_the_job_script_it_declares() -> None:
     assert "#SBATCH -t 02:00:00" in script
     assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --constraint=a100" in script
     assert "--nworkers 2" in script and "--nthreads 4" in script
+
+
+def test_a_slurm_profile_starts_in_a_thread_and_leaves_ctrl_c_to_conveyor() -> None:
+    """dask_jobqueue sets SIGINT to sys.exit as it is imported, which fails in the thread a profile
+    starts in; in a fresh interpreter, as `conveyor run` imports it."""
+    script = textwrap.dedent("""
+        import signal, threading
+        from conveyor.run.profiles import slurm_cluster
+        from conveyor.spec.profiles import SlurmProfile
+
+        def ours(signum, frame): pass
+        signal.signal(signal.SIGINT, ours)
+        failed = []
+        def start():
+            try:
+                with slurm_cluster("hpc", SlurmProfile(kind="slurm")) as cluster:
+                    assert "#SBATCH -J conveyor-hpc" in cluster.job_script()
+            except Exception as exc:
+                failed.append(exc)
+        thread = threading.Thread(target=start)
+        thread.start()
+        thread.join()
+        assert not failed, failed
+        assert signal.getsignal(signal.SIGINT) is ours
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_address_and_local_cluster_options_are_exclusive() -> None:

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import ProfileError, UsageError
 from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
 from conveyor.run.record import IN_PROCESS
+from conveyor.run.slurm import SlurmJobs, slurm_cluster
 from conveyor.spec.base import size_in_bytes
 from conveyor.spec.profiles import DaskCudaProfile, DaskProfile, Profile, SlurmProfile, ThreadsProfile
 
@@ -50,6 +51,8 @@ class Resources:
     memory_limit: str | None = None  # of each Dask worker, as the profile says it
     external: bool = False  # a cluster conveyor did not start (``address:``): never restarted
     no_workers_timeout_s: float | None = None  # a stage fails after this long with no worker (None: waits)
+    # why the profile's workers are gone for good ("" while they may still come): a batch system's word
+    ended: Callable[[], str] | None = None
 
 
 LOCAL = Resources(profile="local")
@@ -194,26 +197,14 @@ def _start_dask_cuda(name: str, profile: DaskCudaProfile, stack: ExitStack) -> R
                      memory_limit=profile.memory_limit)
 
 
-def slurm_cluster(name: str, profile: SlurmProfile) -> Any:
-    """A dask-jobqueue SLURMCluster for the profile (its scheduler runs here; no job submitted yet)."""
-    try:
-        from dask_jobqueue.slurm import SLURMCluster
-    except ImportError as exc:
-        raise ProfileError(f"profile '{name}' needs dask-jobqueue: pip install 'conveyor[slurm]' ({exc})") from exc
-    options: dict[str, Any] = {
-        "queue": profile.queue, "account": profile.account, "interface": profile.interface,
-        "cores": profile.cores, "memory": profile.memory, "walltime": profile.walltime,
-        "processes": profile.processes, "job_extra_directives": list(profile.job_extra),
-        "job_name": f"conveyor-{name}",
-    }
-    return SLURMCluster(**{k: v for k, v in options.items() if v is not None})
-
-
 def _start_slurm(name: str, profile: SlurmProfile, stack: ExitStack) -> Resources:
     cluster = stack.enter_context(slurm_cluster(name, profile))
     cluster.scale(jobs=profile.jobs)
+    jobs = SlurmJobs(name, profile, cluster)
+    jobs.wait_submitted(profile.jobs)
     client = _client(cluster, stack)
-    return Resources(profile=name, client=client, n_workers=profile.jobs * (profile.processes or 1))
+    return Resources(profile=name, client=client, n_workers=profile.jobs * (profile.processes or 1),
+                     ended=jobs.ended)
 
 
 class Profiles(AbstractContextManager["Profiles"]):

@@ -88,6 +88,19 @@ class NoWorkers(StageError):
         return (type(self), (self.stage, self.profile, self.address, self.waited_s, self.unanswered))
 
 
+class WorkersEnded(StageError):
+    """A stage's workers are gone for good: the batch system ended the jobs that ran them (``why``:
+    in its words, e.g. Slurm's ``TIMEOUT (TimeLimit)``). Dask alone would wait for new ones forever."""
+
+    def __init__(self, stage: str, profile: str, why: str) -> None:
+        super().__init__(stage, f"the workers of profile '{profile}' are gone: {why}; "
+                                "run again (what succeeded is skipped)")
+        self.profile, self.why = profile, why
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.profile, self.why))
+
+
 class WorkerWatch:
     """While a stage runs on a cluster (``with WorkerWatch(...):``), fail it once the scheduler has
     had no worker for the profile's ``no_workers_timeout_s``.
@@ -97,20 +110,24 @@ class WorkerWatch:
     that joins in time lets the stage go on: Dask gives it the waiting tasks. At the bound,
     :class:`NoWorkersLeft` is raised into the stage's thread (a command's wait at once, a
     task's wait on Dask futures within 10 s) and leaves this block as :class:`NoWorkers`.
+    On a batch system (``Resources.ended``: Slurm) there is no bound, since a job may wait in the
+    queue for hours; the stage fails, as :class:`WorkersEnded`, once it says the jobs ended.
     """
 
     def __init__(self, stage: str, resources: Resources) -> None:
         self.stage, self.resources = stage, resources
         self.timeout_s = resources.no_workers_timeout_s if resources.client is not None else None
-        self.poll_s = min(1.0, (self.timeout_s or 1.0) / 5)
+        self.ended = resources.ended if resources.client is not None else None
+        self.poll_s = min(1.0, self.timeout_s / 5) if self.timeout_s is not None else 1.0
         self.fired = False
+        self.why = ""  # the batch system's word on why the workers are gone, when it gave one
         self.unanswered = ""  # why the scheduler did not answer the last look, if it did not
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.current_thread()
 
     def __enter__(self) -> WorkerWatch:
-        if self.timeout_s is not None:
+        if self.timeout_s is not None or self.ended is not None:
             self._thread = threading.current_thread()
             threading.Thread(target=self._watch, name=f"conveyor-workers-{self.stage}", daemon=True).start()
         return self
@@ -125,17 +142,22 @@ class WorkerWatch:
                 raise_in(self._thread.ident, None)  # if not delivered yet: it must not land after this block
         if exc_type is not None and not issubclass(exc_type, Exception):
             return  # Ctrl-C: that is what stopped the stage
+        if self.why:
+            raise WorkersEnded(self.stage, self.resources.profile, self.why) from None
         address = str(getattr(self.resources.client.scheduler, "address", "?")) if self.resources.client else "?"
         raise NoWorkers(self.stage, self.resources.profile, address, float(self.timeout_s or 0),
                         self.unanswered) from None
 
     def _watch(self) -> None:
-        """Look every ``poll_s``; fire once no worker was seen for ``timeout_s``."""
+        """Look every ``poll_s``; fire once no worker was seen for ``timeout_s``, or once the batch
+        system says that the profile's workers are gone for good (no worker seen meanwhile)."""
         seen = time.monotonic()
         while not self._stopped.wait(self.poll_s):
             if self._workers() > 0:
                 seen = time.monotonic()
-            elif time.monotonic() - seen >= (self.timeout_s or 0):
+                continue
+            self.why = self.ended() if self.ended is not None else ""
+            if self.why or (self.timeout_s is not None and time.monotonic() - seen >= self.timeout_s):
                 with self._lock:
                     if not self._stopped.is_set() and self._thread.ident is not None:
                         self.fired = True
