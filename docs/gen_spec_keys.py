@@ -51,6 +51,8 @@ WORDS = {
     "deterministic": "Pin what decides the bytes (kernel paths, threads), for the same outs on any x86-64 CPU.",
     "resources": "Dask worker resources the stage holds while it runs (`{GPU: 1}`).",
     "DaskProfile.resources": "Each worker's resources, as `dask worker --resources` (`{GPU: 1}`).",
+    "SlurmProfile.resources": "Each job's workers' resources, as `dask worker --resources` (`{GPU: 1}`, "
+                              "with `job_extra: [--gres=gpu:1]`).",
     "desc": "A description, as in dvc.yaml.",
     "path": "The path (the mapping's key, as written).",
     "name": "The name a task finds it by (`ctx.dep(name)`).",

@@ -24,9 +24,11 @@ from conveyor.spec.profiles import DaskProfile, SlurmProfile
 
 def test_slurm_profile_generates_the_job_script_it_declares() -> None:
     profile = SlurmProfile(kind="slurm", queue="gpu", account="ml-team", cores=8, memory="32GiB",
-                           walltime="02:00:00", processes=2, job_extra=("--gres=gpu:1", "--constraint=a100"))
+                           walltime="02:00:00", processes=2, job_extra=("--gres=gpu:1", "--constraint=a100"),
+                           resources={"GPU": 1})
     with slurm_cluster("hpc", profile) as cluster:
         script = cluster.job_script()
+    assert "--resources GPU=1" in script  # what a stage's resources: {GPU: 1} holds
     assert "#SBATCH -J conveyor-hpc" in script
     assert "#SBATCH -p gpu" in script
     assert "#SBATCH -A ml-team" in script

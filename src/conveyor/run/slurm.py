@@ -64,6 +64,8 @@ def slurm_cluster(name: str, profile: SlurmProfile) -> Any:
         "processes": profile.processes, "job_extra_directives": list(profile.job_extra),
         "job_name": f"conveyor-{name}",
     }
+    if profile.resources:  # what each worker declares, as `dask worker --resources` (a GPU job: {GPU: 1})
+        options["worker_extra_args"] = ["--resources", ",".join(f"{k}={v:g}" for k, v in profile.resources.items())]
     return cluster_class(**{k: v for k, v in options.items() if v is not None})
 
 

@@ -103,6 +103,9 @@ class SlurmProfile(Model):
     processes: PositiveInt | None = None
     job_extra: tuple[str, ...] = ()
     in_process_below: str | None = None  # as a dask profile's: small stages submit no job
+    # what each worker declares ({GPU: 1} with job_extra: ["--gres=gpu:1"]): stages' resources hold them
+    resources: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")],
+                    Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
 
     _bytes = field_validator("memory")(check_bytes)
     _size = field_validator("in_process_below")(check_size)
