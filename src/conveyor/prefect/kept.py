@@ -147,6 +147,7 @@ class KeptServer:
         self.starting: _Lock | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.log = directory / "server.log"
+        self.url = ""  # of the server joined
 
     @classmethod
     def of_home(cls, idle: float) -> KeptServer:
@@ -169,6 +170,7 @@ class KeptServer:
         if unanswered(state.url) is not None:  # alive but wedged: not ours to use
             self.leave()
             return None
+        self.url = state.url
         return state.url
 
     def other_version(self) -> bool:
@@ -193,8 +195,8 @@ class KeptServer:
     def ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str:
         """The URL of the server :meth:`launch` started (or found), once it answers, leased."""
         try:
-            if self.lease is not None:
-                return self._url()
+            if self.lease is not None:  # launch() found one started meanwhile, and joined it
+                return self.url
             assert self.process is not None
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -211,11 +213,6 @@ class KeptServer:
                                      f"its output is in {self.log} (or set PREFECT_API_URL to a server you run)")
         finally:
             self._started()
-
-    def _url(self) -> str:
-        state = State.read(self.directory)
-        assert state is not None
-        return state.url
 
     def cancel(self) -> None:
         """Not needed after all (a settings file names a server): stop what :meth:`launch` started."""
