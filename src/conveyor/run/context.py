@@ -141,6 +141,9 @@ class StageContext:
     devices: tuple[int, ...] = ()
     progress: StageProgress = field(default_factory=StageProgress)
     started: float = field(default_factory=time.monotonic)
+    # a folder that outlives a stopped attempt (:mod:`conveyor.run.checkpoints`): what a long training
+    # saves there, the next attempt with the same inputs finds; None outside a run
+    checkpoint_dir: Path | None = None
 
     def section_key(self, name: str) -> str:
         """The declared params key for ``name``: ``name`` itself, or the one declared key

@@ -38,6 +38,9 @@ class _QuietEvents:
     def warning(self, stage: str, line: str) -> None:
         logging.getLogger("conveyor").warning("%s", line)
 
+    def notice(self, stage: str, line: str) -> None:
+        logging.getLogger("conveyor").info("%s", line)
+
 
 def _echo(stream: str, line: str) -> None:
     print(line, file=sys.stdout if stream == "out" else sys.stderr, flush=True)

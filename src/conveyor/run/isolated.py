@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import StageError
+from conveyor.run.checkpoints import ENV_DIR
 from conveyor.run.context import MatrixItem, StageContext, StageProgress
 from conveyor.workspace import alive, state_dir
 
@@ -164,6 +165,7 @@ def _context(payload: Payload, executor: ThreadPoolExecutor | None, progress: St
         metrics={k: Path(v) for k, v in payload.metrics.items()}, names=payload.names, item=payload.item,
         needed=payload.needed,
         executor=executor, n_workers=payload.threads or 1, progress=progress,
+        checkpoint_dir=Path(os.environ[ENV_DIR]) if os.environ.get(ENV_DIR) else None,
     )
 
 

@@ -63,6 +63,10 @@ class RunView:
         """What the user must know of a stage that is not its outcome: one line, live view or not."""
         self.console.print(Text.assemble(("WARNING ", "bold yellow"), line), soft_wrap=True)  # no markup: paths
 
+    def notice(self, stage: str, line: str) -> None:
+        """What the user should know of a stage as it starts (it resumes a checkpoint): one line."""
+        self.console.print(Text(line), soft_wrap=True)
+
     def finished(self, stage: str, outcome: Outcome, seconds: float, note: str = "") -> None:
         with self._lock:
             self.state[stage], self.note[stage], self.took[stage] = outcome.value, note, seconds

@@ -97,6 +97,7 @@ class StageRecord:
     cpu: dict[str, str] | None = None  # the CPU's instruction-set level, threads, kernel variables set
     inputs_changed: list[str] = field(default_factory=list)  # deps/params changed while it ran: stale after it
     held: dict[str, Any] | None = None  # the Dask workers it held for its resources, from and until when
+    resumed: dict[str, Any] | None = None  # the checkpoint it resumed: step, total, unit, run_id, wall_s, saved_s
 
     @property
     def where(self) -> str:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
 from conveyor.errors import DamagedCacheError, MissingOutputError, StageError
-from conveyor.plan.fingerprint import Record
-from conveyor.run import environment, workers
+from conveyor.plan.fingerprint import FingerprintRecord, Hasher, Record
+from conveyor.run import checkpoints, environment, resume, workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
 from conveyor.run.context import StageContext, StageProgress
 from conveyor.run.determinism import pinned_environ
@@ -46,6 +47,8 @@ class StageEvents(Protocol):
     def retrying(self, stage: str, attempt: int, error: str) -> None: ...
 
     def warning(self, stage: str, line: str) -> None: ...
+
+    def notice(self, stage: str, line: str) -> None: ...
 
 
 # one task module imported at a time: stages start in threads, and two threads importing NumPy (or
@@ -99,6 +102,9 @@ class StageRunner:
         # thread is still blocked, and the stage's end will not be heard otherwise
         self.on_abandon: Callable[[str], None] | None = None
         self._holdings: dict[str, Holdings] = {}  # profile -> what this run's stages hold of its workers
+        self._checkpoints: dict[str, checkpoints.Checkpoint] = {}  # the checkpoint of each running stage
+        # the key of a stage's checkpoints hashes its deps: with conveyor's record, by the same memo
+        self._hasher = record.hasher if isinstance(record, FingerprintRecord) else Hasher()
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -184,8 +190,12 @@ class StageRunner:
                 if frozen:
                     log.line("out", f"{stage} is frozen: its command does not run; its outs are checked and recorded")
                 elif not self._restored(stage, log):
+                    self._checkpoints[stage] = resume.checkpoint(self.project, stage, self.run, self._hasher, log,
+                                                                 self.view)
+                    began = time.monotonic()
                     with workers.WorkerWatch(stage, resources):
                         self._execute(stage, fn, resources, progress, log)
+                    resume.time_saved(self.run.stages[stage], time.monotonic() - began)
                 check_outs(self.project.root, stage, spec.written)
                 with self._mutex:
                     too_late = self._abandoned.get(stage)
@@ -196,6 +206,8 @@ class StageRunner:
                     if changed:
                         self.run.stages[stage].inputs_changed = changed
                         log.line("log", f"{INPUTS_CHANGED}: {'; '.join(changed)}")
+            if not frozen:  # it succeeded: no attempt will resume what it saved
+                checkpoints.drop(self.project.root, stage)
 
     def _execute(self, stage: str, fn: Callable[[StageContext], None] | None, resources: Resources,
                  progress: StageProgress, log: StageLog) -> None:
@@ -265,7 +277,7 @@ class StageRunner:
             item=self.project.item_of(stage), needed=needed_items(self.project, stage),
             client=resources.client, executor=resources.executor,
             n_workers=len(hold.workers) if hold is not None else resources.n_workers,
-            devices=resources.devices, progress=progress,
+            devices=resources.devices, progress=progress, checkpoint_dir=self._checkpoints[stage].path,
         )
         timeout = spec.timeout_s
 
@@ -276,6 +288,7 @@ class StageRunner:
 
         try:
             with current_client(resources.client) if resources.client is not None else nullcontext(), \
+                    checkpoints.using(self._checkpoints[stage]), \
                     Watchdog(timeout, give_up) if timeout else nullcontext():
                 if resources.client is not None:
                     self._ship_code()
@@ -317,6 +330,8 @@ class StageRunner:
     def _environ(self, stage: str) -> dict[str, str]:
         """What a stage's process gets over the runner's environment (a command's, or an isolated task's)."""
         env = {"CONVEYOR_STAGE": stage, "CONVEYOR_RUN_ID": self.run.run_id}
+        if stage in self._checkpoints:
+            env[checkpoints.ENV_DIR] = str(self._checkpoints[stage].path)
         if self.project.pipeline.stages[stage].deterministic:
             pins = pinned_environ(user_environ())
             self.run.stages[stage].deterministic = pins
