@@ -1,17 +1,202 @@
-"""Checkpoints that outlive a stopped attempt (``.conveyor/checkpoints/``): a ``cmd`` stage finds
-in ``$CONVEYOR_CHECKPOINT_DIR`` what its failed attempt saved, says how far it got
-(``Checkpoint.mark``), and the folder goes when the stage succeeds.
+"""A long training killed with kill -9 resumes from its checkpoint (``.conveyor/checkpoints/``).
+
+The project (git + DVC, its dvc.yaml compiled from configs/pipeline.yaml) has one task stage,
+``boost``: 500 rounds of xgboost (hist, with row and column sampling, so a resumed run that
+drew its samples anew would show) through :func:`conveyor.train.xgb.train_xgboost`, a booster
+saved every 50 rounds into the stage's checkpoint folder. A first project runs it uninterrupted:
+the reference model, dvc.lock and stage time. Each test copies the project, starts ``conveyor
+run``, waits for the checkpoint of round 300 (60 %) to appear and SIGKILLs the runner; then:
+
+- the next run resumes (its record and output say from where), ends with a model byte-identical
+  to the reference and the same dvc.lock, in less time than the whole training, and drops the
+  stage's checkpoints once it succeeded;
+- a save killed half-way (a temporary file and a booster file that progress.json does not name)
+  resumes from the save before it, as exactly;
+- a changed param starts from scratch, and the stage's log says so.
+
+And for a ``cmd`` stage: a script finds in ``$CONVEYOR_CHECKPOINT_DIR`` what its failed attempt
+saved, says how far it got (``Checkpoint.mark``), and the folder goes when the stage succeeds.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+import yaml
 from projects import Project
 
 pytestmark = pytest.mark.slow
 MakeProject = Callable[[], Project]
+
+SPEC = """
+pipeline: checkpoints
+stages:
+  boost:
+    task: tasks.boost:fit
+    deps: [data/train.csv]
+    params: [boost]
+    outs: [models/xgb.ubj]
+"""
+PARAMS = "boost:\n  rounds: 500\n  max_depth: 6\n  eta: 0.05\n"
+TASK = '''
+"""500 rounds of xgboost in the runner's process, a checkpoint every 50."""
+
+import dask.dataframe as dd
+import pandas as pd
+
+from conveyor.train.xgb import train_xgboost
+
+
+def fit(ctx):
+    p = ctx.params["boost"]
+    frame = dd.from_pandas(pd.read_csv(ctx.dep()), npartitions=1)
+    params = {"objective": "binary:logistic", "tree_method": "hist", "max_depth": p["max_depth"],
+              "eta": p["eta"], "subsample": 0.8, "colsample_bytree": 0.7, "seed": 3, "nthread": 1}
+    trained = train_xgboost(None, params, frame, label="y", num_boost_round=p["rounds"], checkpoint_every=50)
+    ctx.out().parent.mkdir(parents=True, exist_ok=True)
+    ctx.out().write_bytes(bytes(trained.booster.save_raw("ubj")))
+'''
+ROUND_300 = 300
+
+
+def write_project(root: Path) -> None:
+    """The spec, params, task and a training set of 60,000 rows (fixed seed)."""
+    for rel, text in {"pyproject.toml": "[project]\nname = 'demo'\n", "configs/pipeline.yaml": SPEC,
+                      "params.yaml": PARAMS, "tasks/__init__.py": "", "tasks/boost.py": TASK}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text.lstrip(), encoding="utf-8")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60_000, 20))
+    frame = pd.DataFrame(x, columns=[f"x{i}" for i in range(20)])
+    frame["y"] = (x[:, 0] + x[:, 1] * x[:, 2] + rng.normal(size=len(x)) > 0).astype(int)
+    (root / "data").mkdir()
+    frame.to_csv(root / "data/train.csv", index=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> Path:
+    """The project before any run (git + DVC), and beside it what an uninterrupted run made."""
+    root = tmp_path_factory.mktemp("checkpoints") / "project"
+    root.mkdir()
+    write_project(root)
+    tag = uuid.uuid4().hex
+    fresh = Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag}, tag)
+    fresh.init_dvc()
+    compiled = fresh.conveyor("compile")  # dvc.yaml from the spec: dvc.lock is the record
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    whole = root.parent / "uninterrupted"
+    shutil.copytree(root, whole, symlinks=True)
+    done = Project(whole, fresh.env, tag).conveyor("run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+def copy_of(reference: Path, make_project: MakeProject) -> Project:
+    project = make_project()
+    shutil.copytree(reference, project.root, symlinks=True, dirs_exist_ok=True)
+    return project
+
+
+def uninterrupted(reference: Path) -> Path:
+    return reference.parent / "uninterrupted"
+
+
+def run_killed_at(project: Project, step: int) -> Path:
+    """``conveyor run``, SIGKILLed once the checkpoint of ``step`` rounds is saved; the checkpoint folder."""
+    proc = project.popen("run")
+    folder = project.root / ".conveyor/checkpoints/boost"
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"the run ended before round {step}: {proc.communicate()[0][-3000:]}"
+            saved = [p for p in folder.glob("*/progress.json") if json.loads(p.read_text())["step"] >= step] \
+                if folder.is_dir() else []
+            if saved:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"no checkpoint of round {step} within 300 s")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not project.left_running(grace_s=5), "a process outlived the killed run"
+    (key,) = [p.parent for p in folder.glob("*/progress.json")]
+    return key
+
+
+def stage_of(root: Path) -> dict[str, object]:
+    stage: dict[str, object] = json.loads((root / ".conveyor/runs/latest.json").read_text())["stages"]["boost"]
+    return stage
+
+
+def lock(root: Path) -> object:
+    return yaml.safe_load((root / "dvc.lock").read_text())
+
+
+def assert_same_as_uninterrupted(project: Project, reference: Path) -> None:
+    """The model's bytes and dvc.lock are those of the uninterrupted run; no checkpoint is left."""
+    whole = uninterrupted(reference)
+    assert (project.root / "models/xgb.ubj").read_bytes() == (whole / "models/xgb.ubj").read_bytes()
+    assert lock(project.root) == lock(whole)
+    assert project.sh("dvc", "status").stdout.strip() in ("", "Data and pipelines are up to date.")
+    assert not (project.root / ".conveyor/checkpoints/boost").exists()
+
+
+def test_killed_at_60_percent_the_next_run_resumes_to_the_same_model(make_project: MakeProject,
+                                                                      reference: Path) -> None:
+    project = copy_of(reference, make_project)
+    killed = run_killed_at(project, ROUND_300)
+    step = json.loads((killed / "progress.json").read_text())["step"]
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"boost resumes from round {step:,} of 500 (checkpoint of run " in again.stderr, again.stderr
+    resumed = stage_of(project.root)["resumed"]
+    assert isinstance(resumed, dict)
+    assert (resumed["step"], resumed["total"], resumed["unit"]) == (step, 500, "round")
+    assert resumed["saved_s"] > 0
+    assert_same_as_uninterrupted(project, reference)
+    full = stage_of(uninterrupted(reference))["duration_s"]
+    took = stage_of(project.root)["duration_s"]
+    assert isinstance(full, float) and isinstance(took, float)
+    assert took < full, f"the resumed stage took {took:.1f}s, the whole training {full:.1f}s"
+
+
+def test_a_save_killed_half_way_resumes_from_the_one_before(make_project: MakeProject, reference: Path) -> None:
+    project = copy_of(reference, make_project)
+    killed = run_killed_at(project, ROUND_300)
+    progress = json.loads((killed / "progress.json").read_text())
+    # the next save, killed before it named its booster: a torn temporary and a booster no one names
+    after = progress["step"] + 50
+    (killed / f".xgboost-{after:06d}.ubj.999999.tmp").write_bytes(b"{torn")
+    (killed / f"xgboost-{after:06d}.ubj").write_bytes(b"torn")
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resumes from round {progress['step']:,} of 500" in again.stderr, again.stderr
+    assert_same_as_uninterrupted(project, reference)
+
+
+def test_a_changed_param_starts_from_scratch(make_project: MakeProject, reference: Path) -> None:
+    project = copy_of(reference, make_project)
+    killed = run_killed_at(project, ROUND_300)
+    project.write("params.yaml", PARAMS.replace("max_depth: 6", "max_depth: 5"))
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumes from" not in again.stderr
+    assert stage_of(project.root)["resumed"] is None
+    run_id = json.loads((project.root / ".conveyor/runs/latest.json").read_text())["run_id"]
+    log = (project.root / f".conveyor/logs/{run_id}/boost.log").read_text()
+    assert "was saved with other inputs" in log and "starting from scratch" in log, log
+    assert not killed.exists()
+    assert (project.root / "models/xgb.ubj").read_bytes() != (uninterrupted(reference) / "models/xgb.ubj").read_bytes()
 
 
 HALVES = """

@@ -6,15 +6,22 @@ ranks wait on each other, and returns the booster cut at its best round with the
 evaluation history. The same seed, data and cluster size give the same booster. With no
 client (a stage placed in the runner's process) it is ``xgb.train`` in this process on the
 same rows: for data that small, a cluster costs more than the training.
+
+Training goes in segments of ``checkpoint_every`` rounds, each continuing the booster of the
+one before from its saved bytes (:mod:`conveyor.train.xgb_checkpoint`); inside a stage the
+bytes are also saved in the stage's checkpoint folder, so a run killed at round 300 of 500
+resumes at 300 with the same booster an uninterrupted run would have had there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.train.collective import collective_job, within_hold
+from conveyor.train.xgb_checkpoint import Rounds
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -35,14 +42,21 @@ class Trained:
 
 def train_xgboost(client: Client | None, params: Mapping[str, Any], train: dd.DataFrame, *, label: str,
                   features: Sequence[str] | None = None, valid: dd.DataFrame | None = None,
-                  num_boost_round: int = 100, early_stopping_rounds: int | None = None) -> Trained:
+                  num_boost_round: int = 100, early_stopping_rounds: int | None = None,
+                  checkpoint_every: int = 50, checkpoint_dir: Path | None = None) -> Trained:
     """Fit ``params`` (xgboost's own) on ``train``; evaluated and early-stopped on ``valid`` when given.
 
     ``client`` None: ``xgb.train`` in this process (``nthread`` from ``params``, else every core).
+    Every ``checkpoint_every`` rounds (0: never) the booster is saved in ``checkpoint_dir``, by
+    default the stage's (``ctx.checkpoint_dir``; none outside a run), and training continues from
+    the latest one found there. Params that sample (``subsample``, ``colsample_*``) give a booster
+    that depends on ``checkpoint_every``: xgboost draws anew from its seed at each continuation.
     """
     columns = list(features) if features is not None else [c for c in train.columns if c != label]
+    rounds = Rounds.open(num_boost_round, early_stopping_rounds if valid is not None else None,
+                         checkpoint_every, checkpoint_dir)
     if client is None:
-        return _train_here(params, train, columns, label, valid, num_boost_round, early_stopping_rounds)
+        return _train_here(params, train, columns, label, valid, rounds)
     import xgboost as xgb
     import xgboost.collective
     import xgboost.dask
@@ -56,36 +70,39 @@ def train_xgboost(client: Client | None, params: Mapping[str, Any], train: dd.Da
         evals = [(xgb.dask.DaskDMatrix(client, valid[columns], valid[label]), "valid")]
     # the tracker binds the scheduler's host, not whatever address xgboost guesses for this machine
     coll_cfg = xgb.collective.Config(tracker_host_ip=tracker_host(str(getattr(client.scheduler, "address", "") or "")))
-    with collective_job(client):
-        result = xgb.dask.train(client, dict(params), dtrain, num_boost_round=num_boost_round, evals=evals,
-                                early_stopping_rounds=early_stopping_rounds if evals else None, verbose_eval=False,
-                                coll_cfg=coll_cfg)
-    return _trained(result["booster"], result["history"], bool(evals), num_boost_round, early_stopping_rounds,
-                    len(workers))
+    def segment(model: xgb.Booster | None, n: int, callbacks: list[Any]) -> tuple[xgb.Booster, Any]:
+        with collective_job(client):
+            result = xgb.dask.train(client, dict(params), dtrain, num_boost_round=n, evals=evals,
+                                    verbose_eval=False, coll_cfg=coll_cfg, xgb_model=model, callbacks=callbacks)
+        return result["booster"], result["history"]
+
+    return _trained(rounds.run(segment), rounds, len(workers))
 
 
 def _train_here(params: Mapping[str, Any], train: dd.DataFrame, columns: list[str], label: str,
-                valid: dd.DataFrame | None, num_boost_round: int, early_stopping_rounds: int | None) -> Trained:
+                valid: dd.DataFrame | None, rounds: Rounds) -> Trained:
     """``xgb.train`` on the rows of ``train`` (and ``valid``), computed in this process."""
     import xgboost as xgb
     from dask.base import compute
 
     frames = compute(train[[*columns, label]], *([valid[[*columns, label]]] if valid is not None else []))
     matrices = [xgb.DMatrix(frame[columns], label=frame[label]) for frame in frames]
-    history: dict[str, dict[str, list[float]]] = {}
     evals = [(matrices[1], "valid")] if valid is not None else []
-    booster = xgb.train(dict(params), matrices[0], num_boost_round=num_boost_round, evals=evals,
-                        early_stopping_rounds=early_stopping_rounds if evals else None, evals_result=history,
-                        verbose_eval=False)
-    return _trained(booster, history, bool(evals), num_boost_round, early_stopping_rounds, 1)
+
+    def segment(model: xgb.Booster | None, n: int, callbacks: list[Any]) -> tuple[xgb.Booster, Any]:
+        history: dict[str, dict[str, list[float]]] = {}
+        booster = xgb.train(dict(params), matrices[0], num_boost_round=n, evals=evals, evals_result=history,
+                            verbose_eval=False, xgb_model=model, callbacks=callbacks)
+        return booster, history
+
+    return _trained(rounds.run(segment), rounds, 1)
 
 
-def _trained(booster: xgb.Booster, history: Mapping[str, Mapping[str, list[float]]], evaluated: bool,
-             num_boost_round: int, early_stopping_rounds: int | None, n_workers: int) -> Trained:
+def _trained(booster: xgb.Booster, rounds: Rounds, n_workers: int) -> Trained:
     """The booster cut at its best round (the last one without early stopping)."""
-    rounds = len(next(iter(history["valid"].values()))) if evaluated else num_boost_round
-    best = int(booster.best_iteration) if evaluated and early_stopping_rounds else rounds - 1
-    return Trained(booster[: best + 1], best, rounds, history, n_workers)
+    done = booster.num_boosted_rounds()
+    best = int(booster.best_iteration) if rounds.early_stopping_rounds else done - 1
+    return Trained(booster[: best + 1], best, done, rounds.history, n_workers)
 
 
 def tracker_host(scheduler_address: str) -> str:
