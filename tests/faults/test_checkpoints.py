@@ -229,3 +229,16 @@ def test_a_command_finds_what_its_failed_attempt_saved_and_a_success_drops_it(ma
     assert not (project.root / ".conveyor/checkpoints/halves").exists()
     recorded = "".join(p.read_text() for p in (project.root / ".conveyor/locks").iterdir())
     assert "checkpoint" not in recorded and "halves.sh" in recorded  # the record holds no checkpoint
+
+
+def test_a_retry_resumes_from_what_the_failed_attempt_saved(make_project: MakeProject) -> None:
+    project = make_project()
+    project.write("configs/pipeline.yaml", "pipeline: halves\nstages:\n"
+                  "  halves: {cmd: sh halves.sh, deps: [halves.sh], outs: [out.txt], retries: 1}\n")
+    project.write("halves.sh", HALVES)
+    done = project.conveyor("run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (project.root / "out.txt").read_text() == "first\nsecond\n"
+    stage = project.record()["stages"]["halves"]
+    assert stage["attempts"] == 2 and stage["resumed"]["step"] == 1, stage
+    assert stage["reason"].endswith("; resumed from half 1 of 2 (checkpoint of run " + project.record()["run_id"] + ")")

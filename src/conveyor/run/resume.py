@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from conveyor.spec.project import Project
 
 
+RESUMED = "resumed from"
+
+
 class Notices(Protocol):
     def notice(self, stage: str, line: str) -> None: ...
 
@@ -31,8 +34,11 @@ def checkpoint(project: Project, stage: str, run: RunRecord, hasher: Hasher, log
         line = f"resumes from {progress.describe()}"
         log.line("log", line)
         view.notice(stage, f"{stage} {line}")
-        run.stages[stage].resumed = {"step": progress.step, "total": progress.total, "unit": progress.unit,
-                                     "run_id": progress.run_id}
+        record = run.stages[stage]
+        record.resumed = {"step": progress.step, "total": progress.total, "unit": progress.unit,
+                          "run_id": progress.run_id}
+        # the summary and `conveyor runs` show the reason: one "resumed from" (of the latest attempt)
+        record.reason = record.reason.split(f"; {RESUMED}")[0] + f"; {RESUMED} {progress.describe()}"
     return found
 
 
