@@ -156,6 +156,10 @@ def test_killed_at_60_percent_the_next_run_resumes_to_the_same_model(make_projec
     project = copy_of(reference, make_project)
     killed = run_killed_at(project, ROUND_300)
     step = json.loads((killed / "progress.json").read_text())["step"]
+    status = project.conveyor("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"a checkpoint at {step / 500:.0%} (round {step} of 500, run " in " ".join(status.stdout.split()), \
+        status.stdout
     again = project.conveyor("run")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"boost resumes from round {step:,} of 500 (checkpoint of run " in again.stderr, again.stderr
@@ -242,3 +246,23 @@ def test_a_retry_resumes_from_what_the_failed_attempt_saved(make_project: MakePr
     stage = project.record()["stages"]["halves"]
     assert stage["attempts"] == 2 and stage["resumed"]["step"] == 1, stage
     assert stage["reason"].endswith("; resumed from half 1 of 2 (checkpoint of run " + project.record()["run_id"] + ")")
+
+
+def test_status_shows_the_checkpoint_a_run_would_resume_and_clean_removes_it(make_project: MakeProject) -> None:
+    project = make_project()
+    project.write("configs/pipeline.yaml", "pipeline: halves\nstages:\n"
+                  "  halves: {cmd: sh halves.sh, deps: [halves.sh], outs: [out.txt]}\n")
+    project.write("halves.sh", HALVES)
+    assert project.conveyor("run").returncode == 1
+    status = project.conveyor("status")
+    assert "a checkpoint at 50% (half 1 of 2, run " in " ".join(status.stdout.split()), status.stdout
+    unknown = project.conveyor("clean", "--checkpoints", "halfs")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "no checkpoints of stage 'halfs' (did you mean 'halves'?)", unknown.stderr
+    cleaned = project.conveyor("clean", "--checkpoints", "halves")
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert cleaned.stdout.startswith("removed the checkpoints of halves ("), cleaned.stdout
+    assert "will be resumed" not in " ".join(project.conveyor("status").stdout.split())
+    assert project.conveyor("clean", "--checkpoints").stdout.strip() == "no checkpoints to remove"
+    again = project.conveyor("run")  # from scratch: the first half again, and it stops there
+    assert again.returncode == 1 and "resumes from" not in again.stderr, again.stdout + again.stderr

@@ -211,16 +211,15 @@ def status(
         "--exit-code", metavar="", help="Exit 1 when any stage is stale (for CI and scripts).")] = False,
 ) -> None:
     """Which stages are stale, and why (dep, param, code changed)."""
+    from conveyor.cli.checkpoints import status_notes
     from conveyor.cli.view import status_table
     from conveyor.dvc.status import stale
-    from conveyor.run.environment import History
 
     project = project_of(config)
     _warn_undeclared_code(project)
     _recover_outs(project)
     reasons = stale(project, set(project.order))
-    history = History(project)
-    out.print(status_table(reasons, {stage: history.notes(stage) for stage in reasons}))
+    out.print(status_table(reasons, status_notes(project, reasons)))  # with the checkpoint a stale stage resumes
     if exit_code and any(reasons.values()):
         raise typer.Exit(1)
 
@@ -349,7 +348,7 @@ def serve(
     serve_all(find_root(Path.cwd()), limit=limit)
 
 
-from conveyor.cli import model, past, server  # noqa: E402, F401 - their commands register on app, after these
+from conveyor.cli import checkpoints, model, past, server  # noqa: E402, F401 - their commands register on app, after these
 
 
 def main() -> None:

@@ -55,10 +55,14 @@ class Progress:
     def fraction(self) -> float | None:
         return self.step / self.total if self.total else None
 
+    def where(self) -> str:
+        """``round 300 of 500``."""
+        of = f" of {self.total:,}" if self.total else ""
+        return f"{self.unit} {self.step:,}{of}"
+
     def describe(self) -> str:
         """``round 300 of 500 (checkpoint of run 20261126T…)``."""
-        of = f" of {self.total:,}" if self.total else ""
-        return f"{self.unit} {self.step:,}{of} (checkpoint of run {self.run_id})"
+        return f"{self.where()} (checkpoint of run {self.run_id})"
 
 
 @dataclass(frozen=True)
