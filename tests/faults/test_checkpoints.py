@@ -1,9 +1,10 @@
 """A long training killed with kill -9 resumes from its checkpoint (``.conveyor/checkpoints/``).
 
 The project (git + DVC, its dvc.yaml compiled from configs/pipeline.yaml) has one task stage,
-``boost``: 500 rounds of xgboost (hist, with row and column sampling, so a resumed run that
-drew its samples anew would show) through :func:`conveyor.train.xgb.train_xgboost`, a booster
-saved every 50 rounds into the stage's checkpoint folder. A first project runs it uninterrupted:
+``boost``: 500 rounds of xgboost (hist; with row and column sampling, so a resumed run that
+drew its samples anew would show, or without: the two ways train_xgboost trains) through
+:func:`conveyor.train.xgb.train_xgboost`, a booster saved every 50 rounds into the stage's
+checkpoint folder. A first project runs it uninterrupted:
 the reference model, dvc.lock and stage time. Each test copies the project, starts ``conveyor
 run``, waits for the checkpoint of round 300 (60 %) to appear and SIGKILLs the runner; then:
 
@@ -46,7 +47,8 @@ stages:
     params: [boost]
     outs: [models/xgb.ubj]
 """
-PARAMS = "boost:\n  rounds: 500\n  max_depth: 6\n  eta: 0.05\n"
+PARAMS = "boost:\n  rounds: 500\n  max_depth: 6\n  eta: 0.05\n  subsample: 0.8\n  colsample_bytree: 0.7\n"
+UNSAMPLED = PARAMS.replace("0.8", "1.0").replace("0.7", "1.0")
 TASK = '''
 """500 rounds of xgboost in the runner's process, a checkpoint every 50."""
 
@@ -60,7 +62,8 @@ def fit(ctx):
     p = ctx.params["boost"]
     frame = dd.from_pandas(pd.read_csv(ctx.dep()), npartitions=1)
     params = {"objective": "binary:logistic", "tree_method": "hist", "max_depth": p["max_depth"],
-              "eta": p["eta"], "subsample": 0.8, "colsample_bytree": 0.7, "seed": 3, "nthread": 1}
+              "eta": p["eta"], "subsample": p["subsample"], "colsample_bytree": p["colsample_bytree"],
+              "seed": 3, "nthread": 1}
     trained = train_xgboost(None, params, frame, label="y", num_boost_round=p["rounds"], checkpoint_every=50)
     ctx.out().parent.mkdir(parents=True, exist_ok=True)
     ctx.out().write_bytes(bytes(trained.booster.save_raw("ubj")))
@@ -82,22 +85,40 @@ def write_project(root: Path) -> None:
     frame.to_csv(root / "data/train.csv", index=False)
 
 
+Reference = Callable[[bool], Path]
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> Path:
-    """The project before any run (git + DVC), and beside it what an uninterrupted run made."""
-    root = tmp_path_factory.mktemp("checkpoints") / "project"
-    root.mkdir()
-    write_project(root)
-    tag = uuid.uuid4().hex
-    fresh = Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag}, tag)
-    fresh.init_dvc()
-    compiled = fresh.conveyor("compile")  # dvc.yaml from the spec: dvc.lock is the record
-    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
-    whole = root.parent / "uninterrupted"
-    shutil.copytree(root, whole, symlinks=True)
-    done = Project(whole, fresh.env, tag).conveyor("run")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
+def references(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> Reference:
+    """The project before any run (git + DVC), and beside it what an uninterrupted run made; built
+    once per kind: with row and column sampling (trained in segments) or without (in one call)."""
+    built: dict[bool, Path] = {}
+
+    def build(sampled: bool) -> Path:
+        if sampled not in built:
+            root = tmp_path_factory.mktemp("checkpoints") / "project"
+            root.mkdir()
+            write_project(root)
+            if not sampled:
+                (root / "params.yaml").write_text(UNSAMPLED)
+            tag = uuid.uuid4().hex
+            fresh = Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag}, tag)
+            fresh.init_dvc()
+            compiled = fresh.conveyor("compile")  # dvc.yaml from the spec: dvc.lock is the record
+            assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+            whole = root.parent / "uninterrupted"
+            shutil.copytree(root, whole, symlinks=True)
+            done = Project(whole, fresh.env, tag).conveyor("run")
+            assert done.returncode == 0, done.stdout + done.stderr
+            built[sampled] = root
+        return built[sampled]
+
+    return build
+
+
+@pytest.fixture
+def reference(references: Reference) -> Path:
+    return references(True)
 
 
 def copy_of(reference: Path, make_project: MakeProject) -> Project:
@@ -151,8 +172,10 @@ def assert_same_as_uninterrupted(project: Project, reference: Path) -> None:
     assert not (project.root / ".conveyor/checkpoints/boost").exists()
 
 
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "unsampled"])
 def test_killed_at_60_percent_the_next_run_resumes_to_the_same_model(make_project: MakeProject,
-                                                                      reference: Path) -> None:
+                                                                      references: Reference, sampled: bool) -> None:
+    reference = references(sampled)
     project = copy_of(reference, make_project)
     killed = run_killed_at(project, ROUND_300)
     step = json.loads((killed / "progress.json").read_text())["step"]

@@ -54,7 +54,7 @@ def train_xgboost(client: Client | None, params: Mapping[str, Any], train: dd.Da
     """
     columns = list(features) if features is not None else [c for c in train.columns if c != label]
     rounds = Rounds.open(num_boost_round, early_stopping_rounds if valid is not None else None,
-                         checkpoint_every, checkpoint_dir)
+                         checkpoint_every, checkpoint_dir, params)
     if client is None:
         return _train_here(params, train, columns, label, valid, rounds)
     import xgboost as xgb

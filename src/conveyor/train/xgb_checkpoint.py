@@ -17,7 +17,7 @@ checkpoint whole; files of saves it does not name are removed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,32 +45,49 @@ class Rounds:
     history: History = field(default_factory=dict)
     saved: bytes | None = None  # the booster after the latest segment
     stopped: bool = False  # early stopping ended it
+    draws: bool = False  # the params draw at random: segments of ``every`` rounds
 
     @classmethod
-    def open(cls, total: int, early_stopping_rounds: int | None, every: int, folder: Path | None) -> Rounds:
+    def open(cls, total: int, early_stopping_rounds: int | None, every: int, folder: Path | None,
+             params: Mapping[str, Any]) -> Rounds:
         """``folder`` None: the stage's checkpoint folder (none outside a run); what it holds is resumed."""
         found = checkpoints.current()
         if folder is not None:
             found = checkpoints.Checkpoint(folder, found.run_id if found is not None else "")
-        rounds = cls(total, early_stopping_rounds, every, found if every > 0 else None)
+        rounds = cls(total, early_stopping_rounds, every, found if every > 0 else None,
+                     draws=draws_at_random(params))
         rounds._resume()
         return rounds
 
     def run(self, segment: Segment) -> xgb.Booster:
-        """Train the rounds not done yet, a segment at a time; the final booster."""
+        """Train the rounds not done yet, the booster saved every ``every`` rounds; the final booster.
+
+        Params that draw at random go in segments of ``every`` rounds, each continued from the
+        saved bytes; others in one call that a callback saves from (continuing from the bytes
+        costs a prediction of every tree so far on the training rows: quadratic in segments).
+        """
         import xgboost as xgb
 
         done = self._done()
         while done < self.total and not self.stopped:
-            n = min(self.every, self.total - done) if self.every > 0 else self.total - done
+            n = min(self.every, self.total - done) if self.every > 0 and self.draws else self.total - done
             model = _load(self.saved) if self.saved is not None else None
-            booster, history = segment(model, n, self._callbacks())
-            self._extend(history)
-            self.stopped = booster.num_boosted_rounds() < done + n or self._patience_spent()
+            booster, history = segment(model, n, self._callbacks() + self._saver())
+            self.history = self.merged(self.history, history)
+            self.stopped = booster.num_boosted_rounds() < done + n or self.patience_spent()
             self.saved = bytes(booster.save_raw("ubj"))
             done = booster.num_boosted_rounds()
-            self._save(done)
+            if self.checkpoint is not None:
+                save_booster(self.checkpoint, self.saved, done, self.total, self.history, self.stopped)
         return _load(self.saved) if self.saved is not None else xgb.Booster()
+
+    def _saver(self) -> list[Any]:
+        """The callback that saves within a call (none where segments are as long as ``every``)."""
+        if self.checkpoint is None or self.draws:
+            return []
+        from conveyor.train.xgb_saver import SaveEvery
+
+        return [SaveEvery(self)]
 
     def _done(self) -> int:
         return _load(self.saved).num_boosted_rounds() if self.saved is not None else 0
@@ -89,25 +106,20 @@ class Rounds:
                 stopping.after_iteration(_NoModel(), epoch, {name: {metric: [score]}})
         return [stopping]
 
-    def _patience_spent(self) -> bool:
+    def patience_spent(self) -> bool:
         """Early stopping ended it on a segment's last round (xgboost returns as if it had not)."""
         stopping = self._callbacks()
         return bool(stopping) and stopping[0].current_rounds >= stopping[0].rounds
 
-    def _extend(self, history: Any) -> None:
-        for name, metrics in history.items():
+    @staticmethod
+    def merged(before: History, more: Any) -> History:
+        """The evaluation history ``before``, then ``more`` (a call's own, from its first round)."""
+        merged = {name: {metric: list(scores) for metric, scores in metrics.items()}
+                  for name, metrics in before.items()}
+        for name, metrics in more.items():
             for metric, scores in metrics.items():
-                self.history.setdefault(name, {}).setdefault(metric, []).extend(float(s) for s in scores)
-
-    def _save(self, done: int) -> None:
-        """The booster after ``done`` rounds, then the progress naming it, then older saves go."""
-        if self.checkpoint is None or self.saved is None:
-            return
-        name = f"xgboost-{done:06d}.ubj"
-        checkpoints.write_atomically(self.checkpoint.path / name, self.saved)
-        self.checkpoint.mark(done, self.total, UNIT, state={"model": name, "history": self.history,
-                                                            "stopped": self.stopped})
-        _remove_others(self.checkpoint.path, keep=name)
+                merged.setdefault(name, {}).setdefault(metric, []).extend(float(s) for s in scores)
+        return merged
 
     def _resume(self) -> None:
         """Take up the latest complete save, if there is one (of this same training)."""
@@ -122,6 +134,23 @@ class Rounds:
         self.history = progress.state.get("history") or {}
         self.stopped = bool(progress.state.get("stopped"))
         _remove_others(self.checkpoint.path, keep=model)
+
+
+def save_booster(checkpoint: checkpoints.Checkpoint, raw: bytes, done: int, total: int, history: History,
+                 stopped: bool) -> None:
+    """The booster after ``done`` rounds, then the progress naming it, then older saves go."""
+    name = f"xgboost-{done:06d}.ubj"
+    checkpoints.write_atomically(checkpoint.path / name, raw)
+    checkpoint.mark(done, total, UNIT, state={"model": name, "history": history, "stopped": stopped})
+    _remove_others(checkpoint.path, keep=name)
+
+
+def draws_at_random(params: Mapping[str, Any]) -> bool:
+    """Whether xgboost draws at random with ``params`` (row or column sampling, dart's dropouts, a
+    random feature selector): then a continuation from saved bytes draws anew from the seed."""
+    sampled = any(float(value) < 1 for key, value in params.items()
+                  if key in ("subsample", "colsample_bytree", "colsample_bylevel", "colsample_bynode"))
+    return sampled or params.get("booster") == "dart" or params.get("feature_selector") in ("random", "shuffle")
 
 
 class _NoModel:
