@@ -53,6 +53,7 @@ class Rounds:
         """``folder`` None: the stage's checkpoint folder (none outside a run); what it holds is resumed."""
         found = checkpoints.current()
         if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
             found = checkpoints.Checkpoint(folder, found.run_id if found is not None else "")
         rounds = cls(total, early_stopping_rounds, every, found if every > 0 else None,
                      draws=draws_at_random(params))
