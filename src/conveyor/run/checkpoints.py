@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from conveyor.workspace import STATE_DIR
+from conveyor.workspace import STATE_DIR, alive
 
 if TYPE_CHECKING:
     from conveyor.plan.fingerprint import Hasher
@@ -154,6 +154,10 @@ def prepare(root: Path, stage: str, key: str, run_id: str) -> tuple[Checkpoint, 
     dropped = [p for other in _keys(folder) if other.name != key and (p := _remove(other)) is not None]
     path = folder / key
     path.mkdir(parents=True, exist_ok=True)
+    for torn in path.glob(".*.tmp"):  # of a save killed half-way (a live writer's pid: leave it)
+        pid = torn.name.rsplit(".", 2)[-2]
+        if not (pid.isdigit() and alive(int(pid))):
+            torn.unlink(missing_ok=True)
     return Checkpoint(path, run_id), read_progress(path), dropped
 
 
@@ -172,7 +176,8 @@ def saved_stages(root: Path) -> dict[str, int]:
     base = root / STATE_DIR / FOLDER
     if not base.is_dir():
         return {}
-    return {unquote(folder.name): _size(folder) for folder in sorted(base.iterdir()) if folder.is_dir()}
+    sizes = {unquote(folder.name): _size(folder) for folder in sorted(base.iterdir()) if folder.is_dir()}
+    return {stage: size for stage, size in sizes.items() if size}  # a failed attempt that saved nothing: none
 
 
 def _keys(folder: Path) -> list[Path]:
