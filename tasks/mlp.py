@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from conveyor import StageProgress
+    from conveyor.train.torch_checkpoint import TorchCheckpoint
     from tasks.models import Split
 
 
@@ -82,16 +83,24 @@ def fit(
     valid: tuple[torch.Tensor, torch.Tensor],
     params: MlpParams,
     progress: StageProgress,
+    saver: TorchCheckpoint | None = None,
 ) -> FitResult:
-    """Mini-batch Adam until valid loss has not improved for ``patience`` epochs."""
+    """Mini-batch Adam until valid loss has not improved for ``patience`` epochs.
+
+    ``saver``: where the whole state goes every few epochs (weights, Adam's moments, the RNG, the
+    best so far), and the epoch a stopped fit resumes from: the same bytes as a fit never stopped.
+    """
     import torch
 
     optimizer = torch.optim.Adam(model.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     initial = best = _valid_loss(model, valid, loss_fn)
     result = FitResult(snapshot(model), 0, 0, initial, best)
+    found = saver.latest() if saver is not None else None
+    done = _restore(found, model, optimizer, result) if found is not None else 0
     progress.start(params.max_epochs, unit="epochs", description="mlp")
-    for epoch in range(1, params.max_epochs + 1):
+    progress.advance(done)
+    for epoch in range(done + 1, params.max_epochs + 1):
         _train_epoch(model, train, optimizer, loss_fn, params.batch_size)
         loss = _valid_loss(model, valid, loss_fn)
         result.epochs = epoch
@@ -100,7 +109,34 @@ def fit(
             result.state, result.best_epoch, result.best_valid_loss = snapshot(model), epoch, loss
         elif epoch - result.best_epoch >= params.patience:
             break
+        if saver is not None:
+            saver.maybe_save(epoch, lambda: _state(model, optimizer, result))
     return result
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, result: FitResult) -> dict[str, Any]:
+    """All a fit needs to go on after ``result.epochs`` as if it had never stopped."""
+    import torch
+
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+            "best": result.state, "best_epoch": result.best_epoch, "best_valid_loss": result.best_valid_loss,
+            "initial_valid_loss": result.initial_valid_loss}
+
+
+def _restore(found: tuple[int, dict[str, Any]], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             result: FitResult) -> int:
+    """Take up a saved fit (:func:`_state`); the epochs it had done."""
+    import torch
+
+    epoch, state = found
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    result.state, result.best_epoch = state["best"], int(state["best_epoch"])
+    result.best_valid_loss = float(state["best_valid_loss"])
+    result.initial_valid_loss = float(state["initial_valid_loss"])
+    result.epochs = epoch
+    return epoch
 
 
 def _train_epoch(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.parquet import read_dask
 from conveyor.train.seed import deterministic_torch
+from conveyor.train.torch_checkpoint import TorchCheckpoint
 from conveyor.train.xgb import train_xgboost
 from tasks import inputs, mlp, models
 from tasks.files import write_json
@@ -82,9 +83,11 @@ def mlp_model(ctx: StageContext) -> None:
         train, valid = models.read_split(processed, "train"), models.read_split(processed, "valid")
     features = list(train.features.columns)
     sizes = [len(features), *params.hidden, 1]
+    # every 10 epochs into the stage's checkpoint folder: a stopped run resumes there (no folder outside a run)
+    saver = TorchCheckpoint.of(ctx.checkpoint_dir, total=params.max_epochs, unit="epoch", every=10)
     with deterministic_torch(int(ctx.params["seed"])):
         model = models.build_mlp(sizes)
-        fit = mlp.fit(model, mlp.tensors(train), mlp.tensors(valid), params, ctx.progress)
+        fit = mlp.fit(model, mlp.tensors(train), mlp.tensors(valid), params, ctx.progress, saver)
     model.load_state_dict(fit.state)
     models.save_mlp(ctx.out(), model, sizes, features)
     _write_mlp_metrics(ctx, fit.epochs, fit.best_epoch, fit.initial_valid_loss, fit.best_valid_loss)
