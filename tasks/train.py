@@ -83,8 +83,10 @@ def mlp_model(ctx: StageContext) -> None:
         train, valid = models.read_split(processed, "train"), models.read_split(processed, "valid")
     features = list(train.features.columns)
     sizes = [len(features), *params.hidden, 1]
-    # every 10 epochs into the stage's checkpoint folder: a stopped run resumes there (no folder outside a run)
-    saver = TorchCheckpoint.of(ctx.checkpoint_dir, total=params.max_epochs, unit="epoch", every=10)
+    # about 30 times a fit (every 10 epochs of 300) into the stage's checkpoint folder: a stopped run
+    # resumes there (no folder outside a run)
+    saver = TorchCheckpoint.of(ctx.checkpoint_dir, total=params.max_epochs, unit="epoch",
+                               every=max(1, params.max_epochs // 30))
     with deterministic_torch(int(ctx.params["seed"])):
         model = models.build_mlp(sizes)
         fit = mlp.fit(model, mlp.tensors(train), mlp.tensors(valid), params, ctx.progress, saver)
