@@ -7,10 +7,10 @@ evaluation history. The same seed, data and cluster size give the same booster. 
 client (a stage placed in the runner's process) it is ``xgb.train`` in this process on the
 same rows: for data that small, a cluster costs more than the training.
 
-Training goes in segments of ``checkpoint_every`` rounds, each continuing the booster of the
-one before from its saved bytes (:mod:`conveyor.train.xgb_checkpoint`); inside a stage the
-bytes are also saved in the stage's checkpoint folder, so a run killed at round 300 of 500
-resumes at 300 with the same booster an uninterrupted run would have had there.
+Inside a stage the booster is saved every ``checkpoint_every`` rounds in the stage's checkpoint
+folder, and a run killed at round 300 of 500 resumes at 300 with the booster an uninterrupted
+run had there (:mod:`conveyor.train.xgb_checkpoint`: one call, or segments where the params
+draw at random).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def train_xgboost(client: Client | None, params: Mapping[str, Any], train: dd.Da
         evals = [(xgb.dask.DaskDMatrix(client, valid[columns], valid[label]), "valid")]
     # the tracker binds the scheduler's host, not whatever address xgboost guesses for this machine
     coll_cfg = xgb.collective.Config(tracker_host_ip=tracker_host(str(getattr(client.scheduler, "address", "") or "")))
+
     def segment(model: xgb.Booster | None, n: int, callbacks: list[Any]) -> tuple[xgb.Booster, Any]:
         with collective_job(client):
             result = xgb.dask.train(client, dict(params), dtrain, num_boost_round=n, evals=evals,

@@ -1,12 +1,14 @@
-"""Boosting in segments that a stopped run resumes: the booster every N rounds, saved atomically.
+"""Boosting that a stopped run resumes: the booster every N rounds, saved atomically.
 
-Why segments, and not a callback that saves as training goes: xgboost continued from a saved
-booster (``xgb_model=``) gives the very bytes of an uninterrupted run only where nothing is
-drawn at random; with ``subsample`` or ``colsample_*`` it draws anew from its seed at each
-continuation (measured, xgboost 3.2 hist on CPU: the trees differ from the first continued
-round). So every run, stopped or not, trains the same sequence of segments, each continued
-from the previous one's saved bytes: a resumed run makes exactly the calls an uninterrupted
-one makes after that point, and its booster is byte-identical.
+xgboost continued from a saved booster (``xgb_model=``) gives the very bytes of an
+uninterrupted run where nothing is drawn at random: then training is one call, and a callback
+(:mod:`conveyor.train.xgb_saver`, rank 0 on Dask) saves every N rounds; a resumed run is one
+call continued from the latest save. With ``subsample``, ``colsample_*`` or dart it draws anew
+from its seed at each continuation (measured, xgboost 3.2 hist on CPU: the trees differ from
+the first continued round), so every run, stopped or not, trains the same segments of N
+rounds, each continued from the previous one's saved bytes: a resumed run makes exactly the
+calls an uninterrupted one makes after that point. Both ways give a byte-identical booster;
+segments cost a prediction of every tree so far at each continuation.
 
 On disk, in the stage's checkpoint folder: ``xgboost-000300.ubj`` (the booster after 300
 rounds, written through a temporary file, fsync and rename), then ``progress.json`` naming it
@@ -36,7 +38,7 @@ UNIT = "round"
 
 @dataclass
 class Rounds:
-    """The rounds of one training: how many, in segments of ``every``, saved where (if anywhere)."""
+    """The rounds of one training: how many, saved every ``every`` where (if anywhere), in one call or segments."""
 
     total: int
     early_stopping_rounds: int | None
