@@ -97,7 +97,7 @@ def fit(
     initial = best = _valid_loss(model, valid, loss_fn)
     result = FitResult(snapshot(model), 0, 0, initial, best)
     found = saver.latest() if saver is not None else None
-    done = _restore(found, model, optimizer, result) if found is not None else 0
+    done = restore_fit(found, model, optimizer, result) if found is not None else 0
     progress.start(params.max_epochs, unit="epochs", description="mlp")
     progress.advance(done)
     for epoch in range(done + 1, params.max_epochs + 1):
@@ -110,11 +110,11 @@ def fit(
         elif epoch - result.best_epoch >= params.patience:
             break
         if saver is not None:
-            saver.maybe_save(epoch, lambda: _state(model, optimizer, result))
+            saver.maybe_save(epoch, lambda: fit_state(model, optimizer, result))
     return result
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, result: FitResult) -> dict[str, Any]:
+def fit_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, result: FitResult) -> dict[str, Any]:
     """All a fit needs to go on after ``result.epochs`` as if it had never stopped."""
     import torch
 
@@ -123,9 +123,9 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, result: Fit
             "initial_valid_loss": result.initial_valid_loss}
 
 
-def _restore(found: tuple[int, dict[str, Any]], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def restore_fit(found: tuple[int, dict[str, Any]], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              result: FitResult) -> int:
-    """Take up a saved fit (:func:`_state`); the epochs it had done."""
+    """Take up a saved fit (:func:`fit_state`); the epochs it had done."""
     import torch
 
     epoch, state = found

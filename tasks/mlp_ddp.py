@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.train.ddp import DdpError, Rank, run_ddp, weights_sha256
 from tasks import models
-from tasks.mlp import FitResult, MlpParams, snapshot, tensors
+from tasks.mlp import FitResult, MlpParams, fit_state, restore_fit, snapshot, tensors
 
 if TYPE_CHECKING:
     import logging
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from conveyor import StageProgress
+    from conveyor.train.torch_checkpoint import TorchCheckpoint
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class DdpJob:
     out: str
     params: MlpParams
     seed: int
+    saver: TorchCheckpoint | None = None  # rank 0 saves the fit's state there; every rank resumes from it
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,9 @@ def _fit(rank: Rank, job: DdpJob, model: torch.nn.Module, wrapped: torch.nn.Modu
     optimizer = torch.optim.Adam(model.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     initial = _global_valid_loss(model, shard)
     fit = FitResult(snapshot(model), 0, 0, initial, initial)
-    for epoch in range(1, params.max_epochs + 1):
-        sampler.set_epoch(epoch)
+    done = _resumed(rank, job, model, optimizer, fit)
+    for epoch in range(done + 1, params.max_epochs + 1):
+        sampler.set_epoch(epoch)  # the order of an epoch is the seed's and the epoch's: no RNG state to keep
         _train_epoch(rank, job, wrapped, optimizer, shard, list(sampler))
         loss = _global_valid_loss(model, shard)
         fit.epochs = epoch
@@ -135,7 +138,21 @@ def _fit(rank: Rank, job: DdpJob, model: torch.nn.Module, wrapped: torch.nn.Modu
             fit.state, fit.best_epoch, fit.best_valid_loss = snapshot(model), epoch, loss
         elif epoch - fit.best_epoch >= params.patience:
             break
+        if job.saver is not None and rank.rank == 0:  # every rank holds the same state: rank 0 saves it
+            job.saver.maybe_save(epoch, lambda: fit_state(model, optimizer, fit))
     return fit
+
+
+def _resumed(rank: Rank, job: DdpJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             fit: FitResult) -> int:
+    """Every rank takes up the latest save (rank 0's, of the state all ranks shared); the epochs done."""
+    found = job.saver.latest() if job.saver is not None else None
+    if found is None:
+        return 0
+    done = restore_fit(found, model, optimizer, fit)
+    if rank.rank == 0:
+        rank.advance(done)
+    return done
 
 
 def _train_epoch(rank: Rank, job: DdpJob, wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -83,10 +83,7 @@ def mlp_model(ctx: StageContext) -> None:
         train, valid = models.read_split(processed, "train"), models.read_split(processed, "valid")
     features = list(train.features.columns)
     sizes = [len(features), *params.hidden, 1]
-    # about 30 times a fit (every 10 epochs of 300) into the stage's checkpoint folder: a stopped run
-    # resumes there (no folder outside a run)
-    saver = TorchCheckpoint.of(ctx.checkpoint_dir, total=params.max_epochs, unit="epoch",
-                               every=max(1, params.max_epochs // 30))
+    saver = _mlp_saver(ctx, params)
     with deterministic_torch(int(ctx.params["seed"])):
         model = models.build_mlp(sizes)
         fit = mlp.fit(model, mlp.tensors(train), mlp.tensors(valid), params, ctx.progress, saver)
@@ -101,12 +98,20 @@ def _mlp_ddp(ctx: StageContext, params: mlp.MlpParams) -> None:
     from tasks import mlp_ddp
 
     assert ctx.client is not None
-    job = mlp_ddp.DdpJob(processed=str(ctx.dep()), out=str(ctx.out()), params=params, seed=int(ctx.params["seed"]))
+    job = mlp_ddp.DdpJob(processed=str(ctx.dep()), out=str(ctx.out()), params=params, seed=int(ctx.params["seed"]),
+                         saver=_mlp_saver(ctx, params))
     ranks = mlp_ddp.train(ctx.client, job, gpu=bool(ctx.devices), progress=ctx.progress, log=ctx.log)
     lead = ranks[0]
     extra = {"world_size": len(ranks), "backend": backend(gpu=bool(ctx.devices))}
     _write_mlp_metrics(ctx, lead.epochs, lead.best_epoch, lead.initial_valid_loss, lead.best_valid_loss, extra)
     ctx.log.info("mlp: %d DDP ranks agree on weights sha256 %s", len(ranks), lead.weights_sha256[:12])
+
+
+def _mlp_saver(ctx: StageContext, params: mlp.MlpParams) -> TorchCheckpoint:
+    """About 30 saves a fit (every 10 epochs of 300) into the stage's checkpoint folder, where a
+    stopped run resumes (none outside a run)."""
+    return TorchCheckpoint.of(ctx.checkpoint_dir, total=params.max_epochs, unit="epoch",
+                              every=max(1, params.max_epochs // 30))
 
 
 def _write_mlp_metrics(ctx: StageContext, epochs: int, best_epoch: int, initial_valid_loss: float,
