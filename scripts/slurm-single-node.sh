@@ -20,7 +20,7 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 write_conf() {
     local host cpus mem_mb
     host=$(hostname -s)
-    cpus=$(nproc)
+    cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours OMP_NUM_THREADS (a Dask nanny sets it to 1)
     mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))  # half the machine's memory
     mkdir -p "$dir/state" "$dir/spool" "$dir/log" "$dir/munge"
     cat > "$dir/slurm.conf" <<CONF
