@@ -282,14 +282,10 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
     if not _may_be_configured(Path.cwd()):
         server.start()  # before Prefect is imported: the two proceed side by side
     try:
-        importlib.import_module(preload)
-        from prefect.settings import PREFECT_API_URL
-
-        configured = PREFECT_API_URL.value()
+        configured = _settings_url(preload)
         if configured:  # a profile or settings file names a server: use it, ours is not needed
             server.stop()
-            check_answers(str(configured))
-            with _draining(str(configured)) as url:
+            with _answering(configured) as url:
                 yield url
             return
         if server.process is None:
@@ -299,6 +295,23 @@ def prefect_api(log: Path, preload: str = "conveyor.prefect.flow") -> Iterator[s
             yield server.api_url
     finally:
         server.stop()
+
+
+def _settings_url(preload: str) -> str | None:
+    """Import ``preload`` (the Prefect door); the API URL a Prefect profile or settings file names, if any."""
+    importlib.import_module(preload)
+    from prefect.settings import PREFECT_API_URL
+
+    configured = PREFECT_API_URL.value()
+    return str(configured) if configured else None
+
+
+@contextmanager
+def _answering(url: str) -> Iterator[str]:
+    """``url``, once it answers, drained at the end of the block (a server the user configured)."""
+    check_answers(url)
+    with _draining(url) as used:
+        yield used
 
 
 @contextmanager
@@ -314,14 +327,10 @@ def _kept_api(kept: KeptServer, preload: str) -> Iterator[str]:
                                  "PREFECT_HOME to a folder you can write, or PREFECT_API_URL to a server you run)"
                                  ) from None
     try:
-        importlib.import_module(preload)
-        from prefect.settings import PREFECT_API_URL
-
-        configured = PREFECT_API_URL.value()
+        configured = _settings_url(preload)
         if configured:  # a profile or settings file names a server: use it, ours is not needed
             kept.cancel()
-            check_answers(str(configured))
-            with _draining(str(configured)) as used:
+            with _answering(configured) as used:
                 yield used
             return
         if url is None:
