@@ -187,3 +187,26 @@ def evaluated_test_rows(root: Path, raw: pd.DataFrame) -> tuple[list[int], list[
     evaluated = model_probabilities(test.features, *(root / p for p in (
         "models/xgb.json", "models/mlp.pt", "models/stack.json")))["stack"]
     return ids, evaluated.tolist()
+
+
+# `conveyor run` whose dvc.lock writes never come (each entry stays in its pending log), killed
+# once both stages have succeeded: the worst moment for entries written in batches.
+RUN_PENDING_AND_DIE = """
+import os, signal, sys
+from conveyor.dvc.lockfile import LockWriter
+from conveyor.run.record import RunEvents
+
+LockWriter.flush = lambda self: None
+stage_event = RunEvents.stage
+
+def dying(self, stage, record):
+    stage_event(self, stage, record)
+    if stage == "two" and record.status == "succeeded":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+RunEvents.stage = dying
+from conveyor.cli.app import main
+
+sys.argv = ["conveyor", "run"]
+main()
+"""

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from projects import Project
+from projects import RUN_PENDING_AND_DIE, Project
 
 pytestmark = pytest.mark.slow
 
@@ -87,27 +87,6 @@ def test_killed_while_writing_dvc_lock_leaves_the_previous_one_readable(
     assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout
 
 
-# `conveyor run` whose dvc.lock writes never come (each entry stays in the pending log), killed
-# once both stages have succeeded: the worst moment for entries written in batches.
-RUN_PENDING_AND_DIE = """
-import os, signal, sys
-from conveyor.dvc.lockfile import LockWriter
-from conveyor.run.record import RunEvents
-
-LockWriter.flush = lambda self: None
-stage_event = RunEvents.stage
-
-def dying(self, stage, record):
-    stage_event(self, stage, record)
-    if stage == "two" and record.status == "succeeded":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-RunEvents.stage = dying
-from conveyor.cli.app import main
-
-sys.argv = ["conveyor", "run"]
-main()
-"""
 
 
 def killed_with_entries_pending(make_project: Callable[[], Project]) -> tuple[Project, bytes]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import yaml
-from projects import Project
+from projects import RUN_PENDING_AND_DIE, Project
 
 pytestmark = pytest.mark.slow
 
@@ -31,27 +31,6 @@ DVC_YAML = """
         outs: [two.txt]
 """
 
-# `conveyor run` whose dvc.lock writes never come (each entry stays in its pending log), killed
-# once both stages have succeeded.
-RUN_PENDING_AND_DIE = """
-import os, signal, sys
-from conveyor.dvc.lockfile import LockWriter
-from conveyor.run.record import RunEvents
-
-LockWriter.flush = lambda self: None
-stage_event = RunEvents.stage
-
-def dying(self, stage, record):
-    stage_event(self, stage, record)
-    if stage == "two" and record.status == "succeeded":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-RunEvents.stage = dying
-from conveyor.cli.app import main
-
-sys.argv = ["conveyor", "run"]
-main()
-"""
 
 
 def test_killed_with_entries_pending_in_two_dvc_locks_loses_no_stage(make_project: Callable[[], Project]) -> None:
