@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -24,6 +25,9 @@ from subprocs import stop_group
 # unless the test asks for a kept one (tests/e2e/test_kept_server.py) and stops it: no test leaves
 # a server behind for its idle time.
 os.environ.setdefault("CONVEYOR_SERVER_IDLE", "0")
+# Nor does a test read the user's own PREFECT_HOME: a server kept there by the user's own
+# `conveyor run` (the README's first command) would show in `conveyor runs` and the like.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="conveyor-tests-prefect-home-")
 
 
 def free_port() -> int:
