@@ -278,7 +278,7 @@ def compile_dvc(
             raise typer.Exit(1)
         out.print(f"dvc.yaml matches {project.rel(project.spec_path)}")
         return
-    from conveyor.dvc.record import carry_into_dvc_lock, up_to_date_in_own_record
+    from conveyor.dvc.carry import carry_into_dvc_lock, up_to_date_in_own_record
 
     fresh = up_to_date_in_own_record(project) if (project.root / ".dvc").is_dir() else []
     path = write_dvc_yaml(project)
