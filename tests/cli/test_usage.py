@@ -97,6 +97,14 @@ def test_bad_stage_names_are_usage_errors(tiny: Path) -> None:
     assert "no log of stage 'trian'" in line
 
 
+def test_dvc_record_flags_in_a_project_without_dvc_are_usage_errors(tiny: Path) -> None:
+    """``--no-commit`` and ``--allow-missing`` are about DVC's cache: one line, exit 2, nothing run."""
+    for flag in ("--no-commit", "--allow-missing"):
+        line = one_line_usage_error(conveyor("run", flag, cwd=tiny))
+        assert line.startswith(f"{flag} is a flag of DVC's record"), line
+    assert not (tiny / "prepared.txt").exists()
+
+
 def test_shell_completion_script_and_stage_names(tiny: Path) -> None:
     # what `conveyor --install-completion` puts in ~/.bashrc
     script = conveyor(env={"_CONVEYOR_COMPLETE": "source_bash"})

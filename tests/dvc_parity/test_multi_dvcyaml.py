@@ -114,6 +114,9 @@ CASES = [
     Case(T + "test_repro_multiple_params, in a/params.yaml beside a/dvc.yaml", CHAIN, setup=RAN,
          then=("echo 'n: 2' > a/params.yaml",)),
     Case("one foreach item of sub/dvc.yaml upstream (" + T + "test_repro_pipeline)", FOREACH),
+    Case(T + "test_repro_all_pipelines, every dvc.yaml: lonely and unrelated too", TWO, ("-P",)),
+    Case(T + "test_repro_pipeline, from a stage of sub/dvc.yaml: its pipeline, not lonely", TWO,
+         ("-p", "-f", "sub/dvc.yaml:make"), setup=RAN),
 ]
 
 

@@ -16,10 +16,15 @@ import typer
 
 from conveyor.cli import signals
 from conveyor.cli.common import (
+    AllowMissingOption,
+    AllPipelinesOption,
     DownstreamOption,
     DryRunOption,
     ForceDownstreamOption,
     ForceOption,
+    KeepGoingOption,
+    NoCommitOption,
+    PipelineOption,
     ProfileOption,
     SetParamOption,
     SingleOption,
@@ -55,18 +60,26 @@ def run(
     dry_run: DryRunOption = False,
     profile: ProfileOption = None,
     set_param: SetParamOption = None,
+    pipeline: PipelineOption = False,
+    all_pipelines: AllPipelinesOption = False,
+    keep_going: KeepGoingOption = False,
+    no_commit: NoCommitOption = False,
+    allow_missing: AllowMissingOption = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; unchanged stages are skipped.
 
     STAGE...: the stages to run, with their upstream (all when omitted).
     """
-    project = project_of(config)
+    project = project_of(config, all_pipelines=all_pipelines)
     changes = parse_overrides(set_param or [], project.root, project.params_path)
     texts = rendered(changes) if changes else {}
     if project.params_path in texts:  # the project as the run sees it, checked before anything is written
-        project = load_project(project.spec_path, params_text=texts[project.params_path])
-    targets = project.expand(stages or [])
+        project = load_project(project.spec_path, params_text=texts[project.params_path], all_pipelines=all_pipelines)
+    del keep_going  # what conveyor always does: accepted, so a `dvc repro -k` command line works as it is
+    if pipeline or all_pipelines:  # as dvc repro: whole pipelines, neither -s nor --downstream
+        single_item = downstream = False
+    targets = [] if all_pipelines else project.expand(stages or [])
     if single_item and not targets:
         raise UsageError("-s/--single-item runs only the stages you name: name at least one "
                          f"(stages: {', '.join(project.order)})")
@@ -76,7 +89,7 @@ def run(
     from conveyor.run.profiles import Profiles
 
     Profiles(project.pipeline.profiles, swaps)  # unknown profile names: exit 2 before any work
-    selected = dag.select(project.graph, targets, downstream=downstream, single=single_item)
+    selected = dag.select(project.graph, targets, downstream=downstream, single=single_item, pipeline=pipeline)
     if dry_run:
         _recover_outs(project)
         from conveyor.cli.view import status_table
@@ -84,7 +97,7 @@ def run(
 
         for change in changes:
             err.print(f"-S would set {describe(change, project.root)} (not written: --dry-run)", highlight=False)
-        out.print(status_table(stale(project, selected, force=force, changes=changes)))
+        out.print(status_table(stale(project, selected, force=force, changes=changes, allow_missing=allow_missing)))
         return
 
     def write() -> None:  # under the run's locks: a run refused has written nothing
@@ -96,7 +109,9 @@ def run(
     from conveyor.run.session import RunOptions, nothing_to_do, open_session
 
     options = RunOptions(tuple(targets), downstream, force, swaps, single=single_item,
-                         overrides={c.shown: c.new for c in changes}, force_downstream=force_downstream)
+                         overrides={c.shown: c.new for c in changes}, force_downstream=force_downstream,
+                         pipeline=pipeline, all_pipelines=all_pipelines, no_commit=no_commit,
+                         allow_missing=allow_missing)
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary

@@ -53,6 +53,18 @@ ProfileOption = Annotated[list[str] | None, typer.Option(
 SetParamOption = Annotated[list[str] | None, typer.Option(
     "-S", "--set-param", metavar="KEY=VALUE",
     help="Set a param in the params file, then run, as dvc exp run -S (repeatable; FILE:KEY=VALUE: another file).")]
+PipelineOption = Annotated[bool, typer.Option(
+    "--pipeline", "-p", metavar="", help="Run the whole pipelines the given stages belong to (as dvc repro -p).")]
+AllPipelinesOption = Annotated[bool, typer.Option(
+    "--all-pipelines", "-P", metavar="",
+    help="Run every pipeline of every dvc.yaml in the repository (as dvc repro -P).")]
+KeepGoingOption = Annotated[bool, typer.Option(
+    "--keep-going", "-k", metavar="",
+    help="Go on with the stages a failure does not block (as dvc repro -k): what conveyor always does.")]
+NoCommitOption = Annotated[bool, typer.Option(
+    "--no-commit", metavar="", help="Do not put outs into the DVC cache (as dvc repro; `dvc commit` later).")]
+AllowMissingOption = Annotated[bool, typer.Option(
+    "--allow-missing", metavar="", help="Skip stages whose only change is missing data (as dvc repro).")]
 VerboseOption = Annotated[bool, typer.Option(
     "-v", "--verbose", metavar="", help="Also show what stages and their libraries print (always in the stage logs).")]
 
@@ -70,9 +82,10 @@ def _options(version: Annotated[bool, typer.Option(
     """Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow."""
 
 
-def project_of(config: Path | None) -> Project:
-    """The project of the spec ``-c`` names, or the one found from the working directory."""
-    return load_project(resolve_spec(config))
+def project_of(config: Path | None, *, all_pipelines: bool = False) -> Project:
+    """The project of the spec ``-c`` names, or the one found from the working directory
+    (``all_pipelines``: with every dvc.yaml of the repository, ``dvc repro -P``)."""
+    return load_project(resolve_spec(config), all_pipelines=all_pipelines)
 
 
 def profile_swaps(pairs: list[str]) -> dict[str, str]:

@@ -129,14 +129,17 @@ def resume_interrupted(project: Project, run: RunRecord, options: RunOptions | N
     if options.force and unfinished and len(unfinished) < len(run.stages):
         return f"{base} {' '.join(unfinished)} -s{_carried(options)}"
     named = "".join(f" {name}" for name in options.stages)
-    selection = " --downstream" if options.downstream else " -s" if options.single else ""
+    selection = (" --downstream" if options.downstream else " -s" if options.single else " -p" if options.pipeline
+                 else " -P" if options.all_pipelines else "")
     return f"{base}{named}{selection}{_carried(options)}"
 
 
 def _carried(options: RunOptions | None) -> str:
-    """What a resumed run must repeat of the options: ``--force`` and ``--profile`` swaps
-    (``-S`` is in the params file already)."""
+    """What a resumed run must repeat of the options: ``--force``, ``--profile`` swaps, DVC's
+    ``--no-commit`` and ``--allow-missing`` (``-S`` is in the params file already)."""
     if options is None:
         return ""
     swaps = "".join(f" --profile {name}={target}" for name, target in options.profiles.items())
-    return swaps + (" --force" if options.force else "")
+    flags = [flag for flag, given in (("--force", options.force), ("--no-commit", options.no_commit),
+                                      ("--allow-missing", options.allow_missing)) if given]
+    return swaps + "".join(f" {flag}" for flag in flags)

@@ -49,9 +49,11 @@ class DvcRecord:
     at once are recorded one at a time (DVC's repo object is not thread-safe).
     """
 
-    def __init__(self, project: Project, *, question: bool = False) -> None:
+    def __init__(self, project: Project, *, question: bool = False, no_commit: bool = False,
+                 allow_missing: bool = False) -> None:
         """``question``: for ``status`` and ``run --dry-run``, which write nothing (not even a
-        dvc.yaml that is out of date: they read it as a run would compile it)."""
+        dvc.yaml that is out of date: they read it as a run would compile it). ``no_commit``
+        and ``allow_missing``: as ``dvc repro --no-commit`` and ``--allow-missing``."""
         from dvc.repo import Repo
         from dvc.scm import SCMError
 
@@ -59,6 +61,8 @@ class DvcRecord:
             logging.getLogger(name).propagate = False     # passed on to the root logger, each line came twice
         self.project = project
         self.question = question
+        self.no_commit = no_commit
+        self.allow_missing = allow_missing
         self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
         self._loaded = project.dvc.loaded if project.dvc is not None else None  # as loading the project read them
         handed = self._loaded.take() if self._loaded is not None else None
@@ -224,6 +228,8 @@ class DvcRecord:
                 return ["never run"]  # (a new item of a sweep grown by -S is not in the file DVC read)
             st = self._stage(stage)  # DVC asks a frozen stage only about its outs, recorded or not
             try:
+                if self.allow_missing and not self._changed_with_data(stage, st):
+                    return []
                 status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
@@ -238,6 +244,13 @@ class DvcRecord:
                     at = reasons.index("command changed")
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
             return reasons
+
+    def _changed_with_data(self, stage: str, st: PipelineStage) -> bool:
+        """DVC's ``Stage.changed(allow_missing=True)``: a dep or out that is only missing (deleted,
+        or an out not in the cache) is no change, unless an upstream stage's out at that path
+        now hashes to something else (DVC's ``upstream``: the stages it waits for)."""
+        upstream = [self._stages[name] for name in self.project.graph[stage] if name in self._stages]
+        return bool(st.changed(allow_missing=True, upstream=upstream))
 
     def _removed_deps(self, stage: str, st: PipelineStage) -> list[str]:
         """``dep removed: models/m-0.1.json`` for each data dep dvc.lock records and the stage no
@@ -256,7 +269,8 @@ class DvcRecord:
         from conveyor.dvc.sources import commit_sources, sources_of
 
         with self._mutex:
-            return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force)
+            return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force,
+                                  no_commit=self.no_commit, allow_missing=self.allow_missing)
 
     def _recorded_cmd(self, stage: str) -> Any:
         """The stage's command as dvc.lock records it."""
@@ -317,9 +331,10 @@ class DvcRecord:
             changed = as_started(st, self._started.pop(stage, {}))
             if changed:
                 st.md5 = st.compute_md5()
-            elif not uncached:
+            elif not (uncached or self.no_commit):
                 st.repo.stage_cache.save(st)
-            st.commit()
+            if not self.no_commit:  # `dvc commit` puts the outs into the cache later
+                st.commit()
             self._dump_lock(stage, st)
             self._locked.add(stage)
         return changed
@@ -360,11 +375,16 @@ def yaml_text(text: str) -> Any:
     return parse_yaml(text, "dvc.yaml")
 
 
-def open_record(project: Project, *, question: bool = False) -> Record:
+def open_record(project: Project, *, question: bool = False, no_commit: bool = False,
+                allow_missing: bool = False) -> Record:
     """DVC's record for a dvc.yaml and for the spec dvc.yaml is compiled from (in a DVC repo),
-    else conveyor's own. ``question``: a record that writes nothing (:class:`DvcRecord`)."""
-    if project.dvc is not None:
-        return DvcRecord(project, question=question)
-    if compiled_from(project):  # compiled again under the run's locks where it no longer matches
-        return DvcRecord(project, question=question)
+    else conveyor's own. ``question``: a record that writes nothing (:class:`DvcRecord`);
+    ``no_commit``, ``allow_missing``: ``dvc repro``'s flags, for DVC's record only."""
+    if project.dvc is not None or compiled_from(project):  # compiled again under the run's locks where stale
+        return DvcRecord(project, question=question, no_commit=no_commit, allow_missing=allow_missing)
+    for flag, given in (("--no-commit", no_commit), ("--allow-missing", allow_missing)):
+        if given:
+            raise UsageError(f"{flag} is a flag of DVC's record (dvc.lock and its cache), which "
+                             f"{project.rel(project.spec_path)} does not use: run without it, or "
+                             "compile the spec for DVC (`dvc init`, then `conveyor compile`)")
     return FingerprintRecord(project)

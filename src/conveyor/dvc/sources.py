@@ -59,9 +59,12 @@ def sources_of(project: Project, stages: Iterable[str]) -> list[str]:
                               for path in source.sources.get(stage, ())))
 
 
-def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force: bool = False) -> list[str]:
+def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force: bool = False,
+                   no_commit: bool = False, allow_missing: bool = False) -> list[str]:
     """Each ``.dvc`` file of ``paths`` whose data changed (all of them with ``force``, as
-    ``dvc repro -f``), reproduced as ``dvc repro`` does; returns those written.
+    ``dvc repro -f``), reproduced as ``dvc repro`` does; returns those written. ``no_commit``
+    and ``allow_missing``: ``dvc repro``'s flags (hashed but not put into the cache; data
+    missing from the workspace or the cache is no change).
 
     Raises :class:`MissingInputError` when a file's data is gone (DVC: missing data 'source')."""
     from dvc.dvcfile import load_file
@@ -71,14 +74,14 @@ def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force:
     written = []
     for path in paths:
         stage = load_file(repo, str(project.root / path)).stage
-        if not (force or stage.changed()):  # DVC's "'foo.dvc' didn't change, skipping"
+        if not (force or stage.changed(allow_missing)):  # DVC's "'foo.dvc' didn't change, skipping"
             continue
         try:
             check_missing_outputs(stage)  # before DVC says "Verifying data sources": the refusal is one line
         except MissingDataSource as exc:
             raise MissingInputError(f"failed to reproduce '{path}': {exc}: put the data back, or "
                                     f"`dvc checkout {path}` to restore it from the cache") from None
-        stage.reproduce(force=True)  # changed, or forced: DVC verifies, saves and commits it
+        stage.reproduce(force=True, no_commit=no_commit)  # changed, or forced: DVC verifies, saves, commits
         if _dump(project.root, stage):
             written.append(path)
     return written

@@ -23,18 +23,19 @@ from conveyor.spec.project import Project
 
 
 def stale(project: Project, selected: set[str], *, force: bool = False,
-          changes: Sequence[Override] = ()) -> dict[str, list[str]]:
+          changes: Sequence[Override] = (), allow_missing: bool = False) -> dict[str, list[str]]:
     """Why each selected stage would run; up-to-date stages map to ``[]``.
 
     ``changes``: ``-S`` values not written (``run --dry-run -S``); ``project`` was read with
     them, and the stages that read them are due as they would be once the file holds them.
+    ``allow_missing``: as ``run --allow-missing`` decides (missing data alone is no change).
     """
-    record: Record = open_record(project, question=True)
+    record: Record = open_record(project, question=True, allow_missing=allow_missing)
     with ExitStack() as held:
         try:
             held.enter_context(record.session())
         except (RunLockedError, UnwritableError):  # a run holds DVC's lock, or the checkout is read-only
-            record = held.enter_context(DvcRecord(project, question=True).unlocked())
+            record = held.enter_context(DvcRecord(project, question=True, allow_missing=allow_missing).unlocked())
         reasons = plan(project, selected, _Overridden(record, project, changes) if changes else record, force=force)
     return _without_running_outs(reasons, Journal(project.root).running())
 

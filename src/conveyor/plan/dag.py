@@ -136,16 +136,21 @@ def closure(graph: Graph, start: Iterable[str]) -> set[str]:
     return seen
 
 
-def select(graph: Graph, targets: Iterable[str], *, downstream: bool = False, single: bool = False) -> set[str]:
+def select(graph: Graph, targets: Iterable[str], *, downstream: bool = False, single: bool = False,
+           pipeline: bool = False) -> set[str]:
     """The stages a run of ``targets`` covers, as ``dvc repro`` does.
 
     Without ``downstream``: the targets and everything they depend on (unchanged ones are
     skipped later). With it: the targets and everything that depends on them. ``single``
-    (``dvc repro -s``): the targets alone.
+    (``dvc repro -s``): the targets alone. ``pipeline`` (``dvc repro -p``): every stage of
+    the pipelines the targets belong to (connected to them by any path of edges).
     """
     targets = list(targets)
     if not targets:
         return set(graph)
+    if pipeline:
+        down = downstream_graph(graph)
+        return closure({name: graph[name] | down[name] for name in graph}, targets)
     if single:
         return set(targets)
     return closure(downstream_graph(graph) if downstream else graph, targets)

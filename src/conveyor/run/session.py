@@ -52,9 +52,14 @@ class RunOptions:
     single: bool = False  # the named stages alone, not their upstream (dvc repro -s)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # -S key=value, already in the params file
     force_downstream: bool = False
+    pipeline: bool = False  # the whole pipelines of the named stages (dvc repro -p)
+    all_pipelines: bool = False  # every dvc.yaml of the repository (dvc repro -P): in the project loaded
+    no_commit: bool = False  # outs not put into the DVC cache, no run cache entry (dvc repro --no-commit)
+    allow_missing: bool = False  # skip a stage whose only change is missing data (dvc repro --allow-missing)
 
     def selected(self, graph: dag.Graph) -> set[str]:
-        return dag.select(graph, self.stages, downstream=self.downstream, single=self.single)
+        return dag.select(graph, self.stages, downstream=self.downstream, single=self.single,
+                          pipeline=self.pipeline)
 
 
 def check_options(project: Project, options: RunOptions) -> None:
@@ -188,7 +193,7 @@ def open_session(project: Project, options: RunOptions, warn: Callable[[str], No
     """
     from conveyor.dvc.record import open_record
 
-    record: Record = open_record(project)
+    record: Record = open_record(project, no_commit=options.no_commit, allow_missing=options.allow_missing)
     if options.forced:
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)

@@ -104,14 +104,16 @@ def _rel(root: Path, path: str) -> str:
 
 
 def graph(root: Path, dvc_file: Path, written: LoadedYaml, stages: Mapping[str, Stage],
-          others: Sequence[Stage]) -> tuple[dict[str, frozenset[str]], dict[str, Stage]]:
+          others: Sequence[Stage], *, everything: bool = False) -> tuple[dict[str, frozenset[str]], dict[str, Stage]]:
     """DVC's own graph of the repository (an edge where an out is, holds or lies in a dep), as
     ``dvc repro`` builds it: its refusals (an out duplicated or overlapping, in this file or
     against a ``.dvc`` file or another dvc.yaml; a cycle) as a :class:`SpecError` before anything
     runs. Returns, for each stage that ``dvc repro`` of ``stages`` runs, those it waits for, and
-    the stages of other dvc.yaml files among them (:func:`reached`), by name (:func:`address`)."""
+    the stages of other dvc.yaml files among them (:func:`reached`; ``everything``: all of them,
+    as ``dvc repro -P`` runs them), by name (:func:`address`)."""
     from dvc.exceptions import DvcException
     from dvc.repo.graph import build_graph
+    from dvc.stage import PipelineStage
 
     try:
         # Last stage first: DVC's cycle check (networkx's find_cycle) walks down from each node in
@@ -121,7 +123,8 @@ def graph(root: Path, dvc_file: Path, written: LoadedYaml, stages: Mapping[str, 
     except DvcException as exc:  # overlapping outs, a cycle, an out that is also a dep
         raise SpecError([SpecIssue(dvc_file, written.line(("stages",)), "stages", " ".join(str(exc).split()))]
                         ) from None
-    extra = {address(root, dvc_file, stage): stage for stage in reached(built, stages.values())}
+    chosen = [s for s in others if isinstance(s, PipelineStage)] if everything else reached(built, stages.values())
+    extra = {address(root, dvc_file, stage): stage for stage in chosen}
     named = {id(stage): name for name, stage in [*stages.items(), *extra.items()]}
     ups: dict[str, set[str]] = {name: set() for name in [*stages, *extra]}
     for dependent, dependency in built.edges:

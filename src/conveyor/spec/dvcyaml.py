@@ -85,8 +85,10 @@ def is_placement(doc: LoadedYaml) -> bool:
     return isinstance(doc.data, dict) and "dvc" in doc.data
 
 
-def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Project:
-    """The project that runs ``dvc_file``, placed as ``placement`` says (None: every stage local).
+def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None, *, all_pipelines: bool = False
+                     ) -> Project:
+    """The project that runs ``dvc_file``, placed as ``placement`` says (None: every stage local);
+    with ``all_pipelines``, and every stage of the repository's other dvc.yaml files (``dvc repro -P``).
 
     Raises :class:`SpecError` with every problem found: DVC's own complaints about the file
     (with their line), placement globs that match no stage, unknown profiles, and what
@@ -105,7 +107,7 @@ def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None) -> Pro
     graph: dict[str, frozenset[str]] = {}
     extra: dict[str, PipelineStage] = {}
     if not issues:  # the stages of other dvc.yaml files this one reads from, converted in their own file
-        graph, extra = dvcindex.graph(root, dvc_file, written, stages, others)
+        graph, extra = dvcindex.graph(root, dvc_file, written, stages, others, everything=all_pipelines)
         for path, named in dvcstages.by_file(extra).items():
             theirs, found = dvcstages.converted(root, path, _read(path), named)
             converted.update(theirs)

@@ -100,7 +100,7 @@ class Project:
         (``train`` for every ``train@...``, as ``dvc repro train``); a UsageError names any unknown one."""
         stages: list[str] = []
         unknown: list[str] = []
-        for name in names:
+        for name in map(self._own_address, names):
             found = [name] if name in self.pipeline.stages else \
                 [s for s in self.order if s.startswith(f"{name}@")]
             stages += found
@@ -111,6 +111,15 @@ class Project:
             raise UsageError(f"unknown stage(s): {', '.join(unknown)}{hints}; stages: {', '.join(self.order)}"
                              + self._elsewhere(unknown))
         return list(dict.fromkeys(stages))
+
+    def _own_address(self, name: str) -> str:
+        """A stage of the dvc.yaml run, addressed as ``dvc repro`` also takes it (``dvc.yaml:train``,
+        ``:train``, the file relative to the working directory or the root), by its name alone."""
+        file, sep, stage = name.rpartition(":")
+        if self.dvc is None or not sep or not stage:
+            return name
+        own = self.dvc.file.resolve()
+        return stage if not file or own in ((Path.cwd() / file).resolve(), (self.root / file).resolve()) else name
 
     def _elsewhere(self, unknown: Sequence[str]) -> str:
         """For a stage of another dvc.yaml (``sub/dvc.yaml:lonely``) upstream of none of this one's
@@ -172,16 +181,19 @@ def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
     return path.resolve()
 
 
-def load_project(spec_path: Path, cwd: Path | None = None, *, params_text: str | None = None) -> Project:
+def load_project(spec_path: Path, cwd: Path | None = None, *, params_text: str | None = None,
+                 all_pipelines: bool = False) -> Project:
     """Load and check ``spec_path``; raises SpecError with every problem found.
 
     The project is the one the spec lives in, else the one of ``cwd`` (a spec kept elsewhere).
     ``params_text``: what the params file would hold (``-S`` values set), read instead of the
     file, so a project is checked, planned and expanded with them before anything is written.
+    ``all_pipelines``: a dvc.yaml's project holds every stage of every dvc.yaml of the repository
+    (``dvc repro -P``), not only the file's and those upstream of them.
     """
     spec_path = spec_path.resolve()
     if spec_path.name == DVC_FILE:
-        return load_dvc_project(spec_path)
+        return load_dvc_project(spec_path, all_pipelines=all_pipelines)
     try:
         root = find_root(spec_path.parent)
     except UsageError:
@@ -198,7 +210,7 @@ def load_project(spec_path: Path, cwd: Path | None = None, *, params_text: str |
         if not dvc_file.is_file():
             raise SpecError([SpecIssue(spec_path, written.line(("dvc",)), "dvc",
                                        f"{target} not found next to the spec or at the project root ({root})")])
-        return load_dvc_project(dvc_file.resolve(), written)
+        return load_dvc_project(dvc_file.resolve(), written, all_pipelines=all_pipelines)
     raw = written.data if isinstance(written.data, dict) else {}
     params_path, params, issues = _params_of(root, written, raw, params_text)
     matrix = expand(written, params)

@@ -1,0 +1,103 @@
+"""``dvc repro``'s flags beyond the selection (``-p``, ``-P``, ``-k``, ``--no-commit``,
+``--allow-missing``) and the definition edits of DVC's tests/func/repro/test_repro.py and
+test_repro_allow_missing.py, as twin projects (conftest.py): each case's id names the DVC test.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Case, Twins, run_twins
+from test_repro import ADDED, CHAIN, COPY_PY, RAN, RUN1, T
+
+pytestmark = pytest.mark.slow
+
+M = "tests/func/repro/test_repro_allow_missing.py::"
+
+# two stages: the first writes its out and fails (a list of commands), the second reads it
+KEEP_GOING = {"copy.py": COPY_PY, "bar": "bar\n", "foo": "foo\n", "dvc.yaml": """
+    stages:
+      copy-bar-foobar:
+        cmd: [python copy.py bar foobar, exit 1]
+        deps: [bar]
+        outs: [foobar]
+      cat: {cmd: cat foobar foo, deps: [foobar, foo]}
+      other: {cmd: echo other > other.txt, outs: [other.txt]}
+"""}
+
+TWO_PIPELINES = {"copy.py": COPY_PY, "foo": "foo\n", "bar": "bar\n", "dvc.yaml": """
+    stages:
+      copy-FOO-file1: {cmd: python copy.py foo file1, deps: [foo, copy.py], outs: [file1]}
+      copy-BAR-file2: {cmd: python copy.py bar file2, deps: [bar, copy.py], outs: [file2]}
+"""}
+
+ALL_PIPELINES = {"dvc.yaml": """
+    stages:
+      start: {cmd: echo start > start.txt, outs: [start.txt]}
+      middle: {cmd: echo middle > middle.txt, deps: [start.txt], outs: [middle.txt]}
+      final: {cmd: echo final > final.txt, deps: [middle.txt], outs: [final.txt]}
+      disconnected: {cmd: echo other > disconnected.txt, outs: [disconnected.txt]}
+"""}
+
+# a chain whose first out is gone from the workspace (and, in some cases, from the cache)
+MISSING = {"fixed": "fixed\n", "dvc.yaml": """
+    stages:
+      create-foo: {cmd: echo foo > foo, deps: [fixed], outs: [foo]}
+      copy-foo: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+"""}
+FOO_OBJECT = ".dvc/cache/files/md5/d3/b07384d113edec49eaa6238ad5ff00"  # md5 of "foo\n"
+
+PARAMS = """
+    answer: 42
+    floats: 42.0
+    lists: [42, 42.0, "42"]
+    name: Answer
+    nested: {nested1: {nested2: "42", nested2-2: 41.99999}}
+"""
+
+CASES = [
+    Case(T + "test_repro_keep_going", KEEP_GOING, ("-k",), setup=("dvc add -q foo bar",),
+         succeeds=False, dropped=("foobar",), ignored=("/other.txt",)),
+    Case(T + "test_repro_pipeline", CHAIN, ("-p", "-f", "copy-file-file2"), setup=RAN),
+    Case(T + "test_repro_pipeline (a disconnected stage is not run)",
+         {**CHAIN, "dvc.yaml": CHAIN["dvc.yaml"] + "      other: {cmd: echo other > other.txt, outs: [other.txt]}\n"},
+         ("-p", "-f", "run1"), setup=ADDED),
+    Case(T + "test_repro_pipeline_cli", RUN1, ("--pipeline", "-f", "run1"), setup=RAN),
+    Case(T + "test_repro_pipelines", TWO_PIPELINES, ("-f", "-P"), setup=("dvc add -q foo bar", "dvc repro -q")),
+    Case(T + "test_repro_all_pipelines", ALL_PIPELINES, ("--all-pipelines",)),
+    Case(T + "test_repro_no_commit", RUN1, ("run1", "--no-commit"), setup=(*RAN, "rm -rf .dvc/cache")),
+    Case(M + "test_repro_allow_missing", MISSING, ("--allow-missing",),
+         setup=("dvc repro -q", "rm foo", f"rm {FOO_OBJECT}", "rm -rf .dvc/cache/runs")),
+    Case(M + "test_repro_allow_missing_cached", MISSING, ("--allow-missing",), setup=("dvc repro -q", "rm foo")),
+    Case(M + "test_repro_allow_missing (a changed dep still runs)", MISSING, ("--allow-missing",),
+         setup=("dvc repro -q", "rm foo", "echo more > fixed")),
+    Case(T + "test_repro_when_new_deps_is_added_in_dvcfile", {"copy.py": COPY_PY, "foo": "foo\n", "bar": "bar\n",
+                                                            "dvc.yaml": """
+            stages:
+              copy-file: {cmd: python copy.py foo foobar, deps: [foo], outs: [foobar]}
+         """}, ("dvc.yaml:copy-file",), setup=("dvc repro -q",),
+         then=("sed -i 's/deps: \\[foo\\]/deps: [foo, copy.py]/' dvc.yaml",)),
+    Case(T + "test_repro_when_new_deps_is_moved", {"copy.py": COPY_PY, "foo": "foo\n", "dvc.yaml": """
+            stages:
+              copy-file: {cmd: python copy.py foo foobar, deps: [foo], outs: [foobar]}
+         """}, (":copy-file",), setup=("dvc repro -q",),
+         then=("printf 'import shutil\\nshutil.copyfile(\"bar\", \"foobar\")\\n' > copy.py", "mv foo bar",
+               "sed -i 's/deps: \\[foo\\]/deps: [bar]/' dvc.yaml")),
+    Case(T + "test_repro_multiple_params", {"params.yaml": PARAMS, "params2.yaml": PARAMS, "foo": "foo\n",
+                                            "dvc.yaml": """
+            stages:
+              read_params:
+                cmd: cat params2.yaml params.yaml > bar
+                deps: [foo]
+                outs: [bar]
+                params:
+                - params2.yaml: [lists, floats, name]
+                - answer
+                - floats
+                - nested.nested1
+         """}, ("read_params",), setup=("dvc repro -q",), then=("sed -i 's/^answer: 42/answer: 43/' params.yaml",)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id.removeprefix(T).removeprefix(M) for c in CASES])
+def test_conveyor_run_does_what_dvc_repro_does(twins: Twins, case: Case) -> None:
+    run_twins(twins, case)
