@@ -1,12 +1,13 @@
 """What the command modules share: the typer app, the consoles, the options, the project loader.
 
-The commands live in :mod:`conveyor.cli.app` (the pipeline's), :mod:`conveyor.cli.past` (past
-runs) and :mod:`conveyor.cli.model` (the model's); each registers on :data:`app`, and none
-imports another, so the modules form no cycle.
+The commands live in :mod:`conveyor.cli.run` (``run``), :mod:`conveyor.cli.app` (the pipeline's
+others), :mod:`conveyor.cli.past` (past runs) and :mod:`conveyor.cli.model` (the model's); each
+registers on :data:`app`, and none imports another, so the modules form no cycle.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Annotated
@@ -97,3 +98,10 @@ def profile_swaps(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"--profile {pair!r}: write it as NAME=PROFILE (e.g. --profile gpu=remote)")
         result[name] = target
     return result
+
+
+def recover_outs(project: Project) -> None:
+    """What a killed run left, recovered where it can be, before a question is answered."""
+    from conveyor.run.session import recover_for_question
+
+    recover_for_question(project, partial(err.print, style="yellow", highlight=False, soft_wrap=True))
