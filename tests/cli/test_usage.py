@@ -97,12 +97,18 @@ def test_bad_stage_names_are_usage_errors(tiny: Path) -> None:
     assert "no log of stage 'trian'" in line
 
 
-def test_dvc_record_flags_in_a_project_without_dvc_are_usage_errors(tiny: Path) -> None:
-    """``--no-commit`` and ``--allow-missing`` are about DVC's cache: one line, exit 2, nothing run."""
+def test_dvc_repro_flags_in_a_project_without_dvc(tiny: Path) -> None:
+    """``--no-commit``, ``--allow-missing`` (DVC's cache) and ``-R`` (dvc.yaml files) have no meaning
+    there: one line, exit 2, nothing run; ``--dry`` is ``--dry-run``."""
     for flag in ("--no-commit", "--allow-missing"):
         line = one_line_usage_error(conveyor("run", flag, cwd=tiny))
         assert line.startswith(f"{flag} is a flag of DVC's record"), line
     assert not (tiny / "prepared.txt").exists()
+    dry = conveyor("run", "--dry", cwd=tiny)  # dvc repro's spelling of --dry-run
+    assert dry.returncode == 0 and "never run" in dry.stdout, dry.stdout + dry.stderr
+    assert not (tiny / "prepared.txt").exists()
+    line = one_line_usage_error(conveyor("run", "-R", ".", cwd=tiny))
+    assert line.startswith("-R/--recursive picks the stages of the dvc.yaml files in a directory"), line
 
 
 def test_shell_completion_script_and_stage_names(tiny: Path) -> None:

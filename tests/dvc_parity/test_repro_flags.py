@@ -1,6 +1,7 @@
-"""``dvc repro``'s flags beyond the selection (``-p``, ``-P``, ``-k``, ``--no-commit``,
-``--allow-missing``) and the definition edits of DVC's tests/func/repro/test_repro.py and
-test_repro_allow_missing.py, as twin projects (conftest.py): each case's id names the DVC test.
+"""``dvc repro``'s flags beyond the selection (``-p``, ``-P``, ``-k``, ``-R``, ``--glob``, ``--no-commit``,
+``--allow-missing``, ``--no-run-cache``) and the definition edits, from DVC's tests/func/repro/,
+test_stage_load.py and test_run_cache.py, as twin projects (conftest.py): each case's id names the
+DVC test.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from test_repro import ADDED, CHAIN, COPY_PY, RAN, RUN1, T
 pytestmark = pytest.mark.slow
 
 M = "tests/func/repro/test_repro_allow_missing.py::"
+S = "tests/func/test_stage_load.py::"
+RC = "tests/func/test_run_cache.py::"
 
 # two stages: the first writes its out and fails (a list of commands), the second reads it
 KEEP_GOING = {"copy.py": COPY_PY, "bar": "bar\n", "foo": "foo\n", "dvc.yaml": """
@@ -45,6 +48,15 @@ MISSING = {"fixed": "fixed\n", "dvc.yaml": """
       copy-foo: {cmd: cp foo bar, deps: [foo], outs: [bar]}
 """}
 FOO_OBJECT = ".dvc/cache/files/md5/d3/b07384d113edec49eaa6238ad5ff00"  # md5 of "foo\n"
+
+# DVC's `stages` fixture (tests/func/test_stage_load.py), foo under `dvc add`
+STAGES = {"foo": "foo\n", "dvc.yaml": """
+    stages:
+      lorem-generate: {cmd: echo lorem > lorem, outs: [lorem]}
+      copy-lorem-ipsum: {cmd: cp lorem ipsum, deps: [lorem], outs: [ipsum]}
+      copy-foo-bar: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+      copy-bar-foobar: {cmd: cp bar foobar, deps: [bar], outs: [foobar]}
+"""}
 
 PARAMS = """
     answer: 42
@@ -95,9 +107,28 @@ CASES = [
                 - floats
                 - nested.nested1
          """}, ("read_params",), setup=("dvc repro -q",), then=("sed -i 's/^answer: 42/answer: 43/' params.yaml",)),
+    Case(S + "test_collect_glob", STAGES, ("--glob", "'copy-lorem*'"), setup=("dvc add -q foo",)),
+    Case(S + "test_collect_glob (copy*)", STAGES, ("--glob", "'copy*'"), setup=("dvc add -q foo",)),
+    Case(S + "test_collect_generated", {"dvc.yaml": """
+            vars: [{vars: [1, 2, 3, 4, 5]}]
+            stages:
+              build: {foreach: "${vars}", do: {cmd: "echo ${item} > out-${item}", outs: ["out-${item}"]}}
+         """}, ("--glob", "'build@[24]'")),
+    Case(S + "test_collect_dir_recursive", {"dir/foo": "foo\nbar\n", "dir/dvc.yaml": """
+            stages:
+              head-foo: {cmd: head -n 1 foo > foo-1, deps: [foo], outs: [foo-1]}
+              head-foo1: {cmd: head -n 1 foo-1 > foo-2, deps: [foo-1], outs: [foo-2]}
+         """, "dvc.yaml": """
+            stages:
+              other: {cmd: echo other > other.txt, outs: [other.txt]}
+         """}, ("-R", "dir"), setup=("dvc add -q dir/foo",)),
+    Case(RC + "test_restore, with --no-run-cache: the command runs", {"foo": "foo\n", "dvc.yaml": """
+            stages:
+              copy-foo-bar: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+         """}, ("--no-run-cache", "copy-foo-bar"), setup=("dvc repro -q",), then=("rm bar dvc.lock",)),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id.removeprefix(T).removeprefix(M) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.id.rpartition("::")[2] for c in CASES])
 def test_conveyor_run_does_what_dvc_repro_does(twins: Twins, case: Case) -> None:
     run_twins(twins, case)

@@ -48,7 +48,8 @@ ForceOption = Annotated[bool, typer.Option(
     "--force", "-f", metavar="", help="Run selected stages even when up to date.")]
 ForceDownstreamOption = Annotated[bool, typer.Option(
     "--force-downstream", metavar="", help="Also run every stage after one that runs, changed or not (as dvc repro).")]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", metavar="", help="Show what would run and why; run nothing.")]
+DryRunOption = Annotated[bool, typer.Option(
+    "--dry-run", "--dry", metavar="", help="Show what would run and why; run nothing.")]
 ProfileOption = Annotated[list[str] | None, typer.Option(
     "--profile", metavar="NAME=PROFILE", help="Swap a profile for this run (repeatable).")]
 SetParamOption = Annotated[list[str] | None, typer.Option(
@@ -66,6 +67,13 @@ NoCommitOption = Annotated[bool, typer.Option(
     "--no-commit", metavar="", help="Do not put outs into the DVC cache (as dvc repro; `dvc commit` later).")]
 AllowMissingOption = Annotated[bool, typer.Option(
     "--allow-missing", metavar="", help="Skip stages whose only change is missing data (as dvc repro).")]
+NoRunCacheOption = Annotated[bool, typer.Option(
+    "--no-run-cache", metavar="", help="Run stage commands even where DVC's run cache has their outs (as dvc repro).")]
+GlobOption = Annotated[bool, typer.Option(
+    "--glob", metavar="", help="Stage names may hold shell-style wildcards: 'train@*' (as dvc repro).")]
+RecursiveOption = Annotated[bool, typer.Option(
+    "--recursive", "-R", metavar="",
+    help="Each target is a directory: every stage of the dvc.yaml files in it (as dvc repro -R).")]
 VerboseOption = Annotated[bool, typer.Option(
     "-v", "--verbose", metavar="", help="Also show what stages and their libraries print (always in the stage logs).")]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -20,10 +21,13 @@ from conveyor.cli.common import (
     DryRunOption,
     ForceDownstreamOption,
     ForceOption,
+    GlobOption,
     KeepGoingOption,
     NoCommitOption,
+    NoRunCacheOption,
     PipelineOption,
     ProfileOption,
+    RecursiveOption,
     SetParamOption,
     SingleOption,
     SpecOption,
@@ -62,21 +66,26 @@ def run(
     keep_going: KeepGoingOption = False,
     no_commit: NoCommitOption = False,
     allow_missing: AllowMissingOption = False,
+    no_run_cache: NoRunCacheOption = False,
+    glob: GlobOption = False,
+    recursive: RecursiveOption = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; unchanged stages are skipped.
 
     STAGE...: the stages to run, with their upstream (all when omitted).
     """
-    project = project_of(config, all_pipelines=all_pipelines)
+    project = project_of(config, all_pipelines=all_pipelines or recursive)
     changes = parse_overrides(set_param or [], project.root, project.params_path)
     texts = rendered(changes) if changes else {}
     if project.params_path in texts:  # the project as the run sees it, checked before anything is written
-        project = load_project(project.spec_path, params_text=texts[project.params_path], all_pipelines=all_pipelines)
+        project = load_project(project.spec_path, params_text=texts[project.params_path],
+                               all_pipelines=all_pipelines or recursive)
     del keep_going  # what conveyor always does: accepted, so a `dvc repro -k` command line works as it is
     if pipeline or all_pipelines:  # as dvc repro: whole pipelines, neither -s nor --downstream
         single_item = downstream = False
-    targets = [] if all_pipelines else project.expand(stages or [])
+    targets = [] if all_pipelines else _in_folders(project, stages or []) if recursive else \
+        project.expand(stages or [], glob=glob)
     if single_item and not targets:
         raise UsageError("-s/--single-item runs only the stages you name: name at least one "
                          f"(stages: {', '.join(project.order)})")
@@ -108,7 +117,7 @@ def run(
     options = RunOptions(tuple(targets), downstream, force, swaps, single=single_item,
                          overrides={c.shown: c.new for c in changes}, force_downstream=force_downstream,
                          pipeline=pipeline, all_pipelines=all_pipelines, no_commit=no_commit,
-                         allow_missing=allow_missing)
+                         allow_missing=allow_missing, no_run_cache=no_run_cache)
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary
@@ -130,6 +139,22 @@ def run(
     out.print(summary(record, project, resume_command(project, record, options)), crop=False)
     if record.status != "succeeded":
         raise typer.Exit(1)
+
+
+def _in_folders(project: Project, folders: list[str]) -> list[str]:
+    """``-R``: the stages of every dvc.yaml in each of ``folders`` and below (``dvc repro -R``)."""
+    if project.dvc is None:
+        raise UsageError("-R/--recursive picks the stages of the dvc.yaml files in a directory: this "
+                         f"project runs {project.rel(project.spec_path)}; name its stages instead")
+    chosen: list[str] = []
+    for folder in folders or ["."]:
+        path = (Path.cwd() / folder).resolve()
+        if not path.is_dir():
+            raise UsageError(f"-R/--recursive: {folder} is not a directory (name a directory of dvc.yaml files)")
+        chosen += [s for s in project.order if project.dvc.file_of(s).resolve().is_relative_to(path)]
+    if not chosen:
+        raise UsageError(f"-R/--recursive: no stage in a dvc.yaml under {', '.join(folders)}")
+    return list(dict.fromkeys(chosen))
 
 
 def _recompiled_note(project: Project) -> str | None:

@@ -50,10 +50,10 @@ class DvcRecord:
     """
 
     def __init__(self, project: Project, *, question: bool = False, no_commit: bool = False,
-                 allow_missing: bool = False) -> None:
+                 allow_missing: bool = False, no_run_cache: bool = False) -> None:
         """``question``: for ``status`` and ``run --dry-run``, which write nothing (not even a
         dvc.yaml that is out of date: they read it as a run would compile it). ``no_commit``
-        and ``allow_missing``: as ``dvc repro --no-commit`` and ``--allow-missing``."""
+        ``allow_missing`` and ``no_run_cache``: as ``dvc repro``'s flags of those names."""
         from dvc.repo import Repo
         from dvc.scm import SCMError
 
@@ -63,6 +63,7 @@ class DvcRecord:
         self.question = question
         self.no_commit = no_commit
         self.allow_missing = allow_missing
+        self.no_run_cache = no_run_cache
         self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
         self._loaded = project.dvc.loaded if project.dvc is not None else None  # as loading the project read them
         handed = self._loaded.take() if self._loaded is not None else None
@@ -303,6 +304,8 @@ class DvcRecord:
         from dvc.exceptions import DvcException
         from dvc.stage.cache import RunCacheNotFoundError
 
+        if self.no_run_cache:
+            return False
         with self._mutex:
             st = self._stage(stage)
             if self._removed_deps(stage, st):  # DVC would check dvc.lock's outs out: made with those deps
@@ -376,12 +379,14 @@ def yaml_text(text: str) -> Any:
 
 
 def open_record(project: Project, *, question: bool = False, no_commit: bool = False,
-                allow_missing: bool = False) -> Record:
+                allow_missing: bool = False, no_run_cache: bool = False) -> Record:
     """DVC's record for a dvc.yaml and for the spec dvc.yaml is compiled from (in a DVC repo),
     else conveyor's own. ``question``: a record that writes nothing (:class:`DvcRecord`);
-    ``no_commit``, ``allow_missing``: ``dvc repro``'s flags, for DVC's record only."""
+    ``no_commit``, ``allow_missing``: ``dvc repro``'s flags, for DVC's record only; ``no_run_cache``
+    (conveyor's own record has no run cache: nothing to do there)."""
     if project.dvc is not None or compiled_from(project):  # compiled again under the run's locks where stale
-        return DvcRecord(project, question=question, no_commit=no_commit, allow_missing=allow_missing)
+        return DvcRecord(project, question=question, no_commit=no_commit, allow_missing=allow_missing,
+                         no_run_cache=no_run_cache)
     for flag, given in (("--no-commit", no_commit), ("--allow-missing", allow_missing)):
         if given:
             raise UsageError(f"{flag} is a flag of DVC's record (dvc.lock and its cache), which "

@@ -56,6 +56,7 @@ class RunOptions:
     all_pipelines: bool = False  # every dvc.yaml of the repository (dvc repro -P): in the project loaded
     no_commit: bool = False  # outs not put into the DVC cache, no run cache entry (dvc repro --no-commit)
     allow_missing: bool = False  # skip a stage whose only change is missing data (dvc repro --allow-missing)
+    no_run_cache: bool = False  # never restore outs from DVC's run cache (dvc repro --no-run-cache)
 
     def selected(self, graph: dag.Graph) -> set[str]:
         return dag.select(graph, self.stages, downstream=self.downstream, single=self.single,
@@ -193,7 +194,8 @@ def open_session(project: Project, options: RunOptions, warn: Callable[[str], No
     """
     from conveyor.dvc.record import open_record
 
-    record: Record = open_record(project, no_commit=options.no_commit, allow_missing=options.allow_missing)
+    record: Record = open_record(project, no_commit=options.no_commit, allow_missing=options.allow_missing,
+                                 no_run_cache=options.no_run_cache)
     if options.forced:
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)

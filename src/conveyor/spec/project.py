@@ -8,6 +8,7 @@ found on disk and their source parsed with ``ast``, so ``conveyor validate`` sta
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -95,13 +96,15 @@ class Project:
             default = None
         return "" if self.spec_path == default else f" -c {self.rel(self.spec_path)}"
 
-    def expand(self, names: Sequence[str]) -> list[str]:
+    def expand(self, names: Sequence[str], *, glob: bool = False) -> list[str]:
         """Stage names as a command line gives them: a stage, or a matrix/foreach group
-        (``train`` for every ``train@...``, as ``dvc repro train``); a UsageError names any unknown one."""
+        (``train`` for every ``train@...``, as ``dvc repro train``), or with ``glob`` a shell-style
+        pattern (``train@*``, as ``dvc repro --glob``); a UsageError names any unknown one."""
         stages: list[str] = []
         unknown: list[str] = []
         for name in map(self._own_address, names):
             found = [name] if name in self.pipeline.stages else \
+                fnmatch.filter(self.order, name) if glob and any(c in name for c in "*?[") else \
                 [s for s in self.order if s.startswith(f"{name}@")]
             stages += found
             if not found:
