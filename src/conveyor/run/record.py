@@ -127,6 +127,7 @@ class RunRecord:
     speedup: float = 0.0
     flow_run_id: str | None = None
     flow_run_url: str | None = None  # in the Prefect UI, when a server is configured
+    search: dict[str, Any] | None = None  # a search's: stage, study, objective, metric, minimize, best trial
 
     @property
     def failed(self) -> list[str]:
