@@ -95,8 +95,8 @@ def summary(project: Project, search: Search, outcomes: Outcomes) -> str:
         lines.append(f"best: {trial_name(search.stage, best.number)} ({key} {best.value:.6g}); reproduce it "
                      f"in the project with: {rerun(project, search, best.values)}")
     folder = project.rel(study_dir(project.root, search.study))
-    lines.append(f"trials: {folder}/trial-<n>/ (outs, metrics, params, log); "
-                 f"record: {project.rel(record_path(project.root, outcomes.run.run_id))}")
+    record = f"; record: {project.rel(record_path(project.root, outcomes.run.run_id))}" if ran else ""
+    lines.append(f"trials: {folder}/trial-<n>/ (outs, metrics, params, log){record}")
     return "\n".join(lines)
 
 

@@ -184,8 +184,9 @@ def run_search(project: Project, search: Search, run_id: str, view: StageEvents,
             except KeyboardInterrupt as exc:  # the running trials are recorded interrupted; the caller exits
                 outcomes.stopped = exc
         outcomes.trials = finished(study)
-        run.search["best"] = _best(outcomes, search)  # type: ignore[index]
-        run.write(project.root)
+        if todo > 0:  # a study that has its trials already ran nothing: no record
+            run.search["best"] = _best(outcomes, search)  # type: ignore[index]
+            run.write(project.root)
         return outcomes
 
 

@@ -73,12 +73,14 @@ def overlay(root: Path, folder: Path, private: Iterable[str]) -> list[Path]:
 
 
 def unlink(folder: Path, links: Iterable[Path]) -> None:
-    """Remove the symlinks :func:`overlay` made, then the folders left empty: the trial's own files stay."""
+    """Remove the symlinks :func:`overlay` made, then the folders it made that are left empty:
+    the trial's own files stay."""
+    made: set[Path] = set()
     for link in links:
         link.unlink(missing_ok=True)
-    for path in sorted((p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()),
-                       key=lambda p: len(p.parts), reverse=True):
-        if not any(path.iterdir()):
+        made.update(p for p in link.parents if p.is_relative_to(folder) and p != folder)
+    for path in sorted(made, key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir() and not any(path.iterdir()):
             path.rmdir()
 
 
