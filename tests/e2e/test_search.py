@@ -139,23 +139,32 @@ def marks(project: Project, prefix: str) -> int:
     return sum(1 for m in (project.root / "marks").iterdir() if m.name.startswith(prefix))
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_a_search_and_the_same_command_continues_it_to_its_trials(
-        make_project: Callable[[], Project]) -> None:
+ARGS = ("search", "fit", "--param", "fit.x=uniform(0,1)", "--objective", "metrics/fit.json:loss",
+        "--trials", "6", "--seed", "3")
+
+
+def held_search(make_project: Callable[[], Project]) -> tuple[Project, subprocess.Popen[str]]:
+    """A search of 6 trials whose first 2 end and the next 2 are held, in a process group of its own."""
     project = make_project()
     project.write("configs/pipeline.yaml", SPEC)
     project.write("params.yaml", "fit:\n  x: 0.5\n")
     project.write("step.py", STEP)
     (project.root / "marks").mkdir()
-    args = ("search", "fit", "--param", "fit.x=uniform(0,1)", "--objective", "metrics/fit.json:loss",
-            "--trials", "6", "--seed", "3")
-    proc = subprocess.Popen(["conveyor", *args], cwd=project.root, env=project.env, text=True,
+    proc = subprocess.Popen(["conveyor", *ARGS], cwd=project.root, env=project.env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while not (marks(project, "ended") == 2 and marks(project, "started") == 4):  # 2 done, 2 held
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() < deadline, "the trials never started"
         time.sleep(0.05)
+    return project, proc
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_search_and_the_same_command_continues_it_to_its_trials(
+        make_project: Callable[[], Project]) -> None:
+    project, proc = held_search(make_project)
+    args = ARGS
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
     screen = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, screen
@@ -182,3 +191,23 @@ def test_ctrl_c_stops_a_search_and_the_same_command_continues_it_to_its_trials(
     done = project.conveyor(*args)  # the study has its 6: nothing more runs
     assert done.returncode == 0 and "(0 this run)" in done.stdout, done.stdout + done.stderr
     assert project.record()["run_id"] == again_id
+
+
+@pytest.mark.slow
+def test_a_killed_search_is_settled_by_the_next_one_which_continues_it(make_project: Callable[[], Project]) -> None:
+    project, proc = held_search(make_project)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the held trials' commands too
+    proc.communicate(timeout=60)
+    killed = project.record()
+    assert killed["status"] == "running" and killed["stages"] == {}  # its trials are in its events file
+
+    (project.root / "marks/fast").touch()
+    again = project.conveyor(*ARGS)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"the last run ({killed['run_id']}) was killed" in again.stderr, again.stderr
+    settled = json.loads((project.root / f".conveyor/runs/{killed['run_id']}.json").read_text())
+    assert settled["status"] == "interrupted"
+    assert sorted(s["status"] for s in settled["stages"].values()) == ["succeeded"] * 2, settled["stages"]
+    assert "search fit: 6 trial(s) of study" in again.stdout and "(4 this run)" in again.stdout, again.stdout
+    ranked = set(re.findall(r"^\s+\d+\s+(fit@trial-\d+)\s+loss", again.stdout, re.M))
+    assert len(ranked) == 6 and ranked >= set(settled["stages"]), again.stdout

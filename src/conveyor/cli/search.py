@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -66,7 +67,8 @@ def search(
     from conveyor.run.record import new_run_id
     from conveyor.run.search import run_search
 
-    outcomes = run_search(project, wanted, new_run_id(), _View(), swaps, heard=_heard)
+    warn = partial(err.print, style="yellow", highlight=False, soft_wrap=True)
+    outcomes = run_search(project, wanted, new_run_id(), _View(), swaps=swaps, heard=_heard, warn=warn)
     out.print(summary(project, wanted, outcomes), highlight=False, markup=False, crop=False, soft_wrap=True)
     if outcomes.stopped is not None:
         _stopped(project, wanted, outcomes)
@@ -96,7 +98,8 @@ def summary(project: Project, search: Search, outcomes: Outcomes) -> str:
                      f"in the project with: {rerun(project, search, best.values)}")
     folder = project.rel(study_dir(project.root, search.study))
     record = f"; record: {project.rel(record_path(project.root, outcomes.run.run_id))}" if ran else ""
-    lines.append(f"trials: {folder}/trial-<n>/ (outs, metrics, params, log){record}")
+    lines.append(f"trials: {folder}/trial-<n>/ (outs, metrics, params); logs: conveyor logs "
+                 f"{trial_name(search.stage, 0)[:-1]}<n>{record}")
     return "\n".join(lines)
 
 

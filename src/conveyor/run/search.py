@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.run.compare import flatten
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import INTERRUPTED, RunRecord, StageRecord, begin
+from conveyor.run.record import INTERRUPTED, RunEvents, RunRecord, StageRecord, begin
 from conveyor.run.schedule import Outcome
 from conveyor.run.stage import StageEvents
 from conveyor.run.trials import Trials, study_dir, trial_name
@@ -156,12 +156,18 @@ def _first_point(project: Project, search: Search, study: optuna.Study) -> None:
         study.enqueue_trial(dict(point))
 
 
-def run_search(project: Project, search: Search, run_id: str, view: StageEvents,
-               swaps: Mapping[str, str] | None = None, heard: Callable[[str, StageRecord], None] | None = None
-               ) -> Outcomes:
+def run_search(project: Project, search: Search, run_id: str, view: StageEvents, *,
+               swaps: Mapping[str, str] | None = None, heard: Callable[[str, StageRecord], None] | None = None,
+               warn: Callable[[str], None] = lambda _line: None) -> Outcomes:
     """Run the search to ``search.trials`` finished trials (or its timeout); ``heard`` hears each
-    trial end. Ctrl-C stops the running trials and records them interrupted, then raises."""
+    trial end. Ctrl-C stops the running trials and records them interrupted (``stopped`` says so).
+
+    Under the run lock, as a run: no run changes the deps under the trials' feet, and what a
+    killed run (or search) left is recovered first (``warn`` hears what)."""
+    from conveyor.run.session import recover_killed
+
     with run_lock(project.root):
+        recover_killed(project, warn)
         study = open_study(project, search)
         before = finished(study)
         todo = search.trials - len(before)
@@ -216,6 +222,7 @@ class _Loop:
         self.stop = threading.Event()
         self._mutex = threading.Lock()  # Optuna's study and sampler, and the run record, one thread at a time
         self._space = distributions(search)
+        self.events = RunEvents(project.root, trials.run.run_id)
         self._t0 = time.monotonic()
 
     def run(self, n: int) -> None:
@@ -242,7 +249,7 @@ class _Loop:
                         return
                     self._tell(trial, record)
                     self.running.pop(trial.number, None)
-                    self.trials.run.write(self.project.root)
+                self.events.stage(trial_name(self.search.stage, trial.number), record)  # a killed search's record
                 if self.heard is not None:
                     self.heard(trial_name(self.search.stage, trial.number), record)
         except KeyboardInterrupt:  # Ctrl-C, raised in this thread by the stage runner: the main thread records it

@@ -4,11 +4,13 @@ A trial must not touch the project: not params.yaml (a search is no ``-S``), not
 outs (the project's model stays the one dvc.lock records). So each trial runs in
 ``.conveyor/search/<study>/trial-<n>/``, a folder made to look like the project root: every
 top-level entry is a symlink to the project's, except the stage's outs and metrics (the
-trial writes its own there) and the params file (the trial's copy, with its values set).
+trial writes its own there) and the params file (the trial's copy, with its values set); its
+``.conveyor`` is the study's (the runner's journal and checkpoints; its log goes to the
+project's ``.conveyor/logs``, as a stage's).
 A ``cmd`` runs there with its paths as written; a task gets that folder as its root. The
 stage runs through the one stage runner (:class:`conveyor.run.stage.StageRunner`): its
 profile, placement, pinned environment, logs and timeouts are a run's. When the trial
-ends, the symlinks go; its outs, metrics, params and log stay.
+ends, the symlinks go; its outs, metrics and params stay.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from conveyor.spec.matrix import JOIN
 from conveyor.spec.overrides import Override, rendered
 from conveyor.spec.project import Project, load_project, lookup
 from conveyor.spec.search import Search, as_param
-from conveyor.workspace import state_dir
+from conveyor.workspace import STATE_DIR, state_dir
 
 NOT_LINKED = frozenset({".git", ".dvc", ".conveyor", "dvc.yaml", "dvc.lock", ".dvcignore"})
 
@@ -129,6 +131,17 @@ class Trials:
         for runner in runners:
             runner.interrupt()
 
+    def _state(self) -> Path:
+        """What a trial's folder has as its ``.conveyor``, one for the study: the stage runner's
+        journal and checkpoints (a trial's own, never the project's: their paths are the trial
+        folder's), its logs in the project's ``.conveyor/logs`` (``conveyor logs train@trial-3``)."""
+        state = state_dir(self.folder / "state")
+        logs = state / "logs"
+        if not logs.is_symlink():
+            (state_dir(self.project.root) / "logs").mkdir(exist_ok=True)
+            logs.symlink_to(self.project.root / STATE_DIR / "logs")
+        return state
+
     def _packages(self, trial: Project, name: str) -> tuple[dict[str, str], dict[str, str]]:
         """The stage's packages and CPU settings, found once a search (every trial runs the same code)."""
         with self._mutex:
@@ -161,6 +174,10 @@ class Trials:
         params_rel = base.params_path.relative_to(base.root).as_posix()
         spec = loaded.pipeline.stages[stage]
         links = overlay(base.root, folder, [*spec.written, params_rel])
+        with self._mutex:
+            state = self._state()
+        (folder / STATE_DIR).symlink_to(state)
+        links.append(folder / STATE_DIR)
         (folder / params_rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / params_rel).write_text(text, encoding="utf-8")
         name = trial_name(stage, number)
