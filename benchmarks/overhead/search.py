@@ -11,7 +11,7 @@ params file's point first (``x = 0.5``), then Optuna's RandomSampler with seed 1
 * `conveyor search fit --trials N --sampler random --seed 1` of a spec whose stage
   ``fit`` is that function as a task on a 1-worker threads profile: per trial, a folder of
   its own under .conveyor/search/ (symlinks to the project, its params file), the stage
-  runner (outs journal, log, record of the outs), the run record written.
+  runner (outs journal, log), a line in the run's events file as it ends.
 
 Both run N trials and 1 trial from a fresh copy of their project each time (no study yet), so
 the cost of one trial more is ``(T(N) - T(1)) / (N - 1)``: the interpreter's start, imports
@@ -159,7 +159,7 @@ def _result(n: int, repeats: int, base: list[dict[str, float]], cand: list[dict[
                 "both sides found the same best objective (the same trials drawn)"],
         notes=[f"per trial (median of the per-repetition differences): conveyor {median(conveyor_ms):.1f} ms, "
                f"Optuna alone {median(plain_ms):.1f} ms, so conveyor adds {extra:.1f} ms a trial (its folder, "
-               f"the stage runner, the run record); goal conveyor <= {TRIAL_GOAL_MS:g} ms: "
+               f"the stage runner, a line in the run's events file); goal conveyor <= {TRIAL_GOAL_MS:g} ms: "
                f"{met(median(conveyor_ms) <= TRIAL_GOAL_MS)}",
                "the trial's own work is microseconds: these are the costs of the machinery; the journal file's "
                "lock and appends are Optuna's, on both sides"],
