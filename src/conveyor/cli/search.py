@@ -72,6 +72,13 @@ def search(
     out.print(summary(project, wanted, outcomes), highlight=False, markup=False, crop=False, soft_wrap=True)
     if outcomes.stopped is not None:
         _stopped(project, wanted, outcomes)
+    if outcomes.trials and all(t.value is None for t in outcomes.trials):
+        from conveyor.run.trials import trial_name
+
+        first = trial_name(wanted.stage, outcomes.trials[0].number)
+        err.print(f"every trial failed: see why in its log (conveyor logs {first})", style="red", highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def summary(project: Project, search: Search, outcomes: Outcomes) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import ConveyorError
 from conveyor.run.compare import flatten
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RunEvents, RunRecord, StageRecord, begin
@@ -38,6 +39,10 @@ JOURNAL = "journal.log"
 ERROR = "error"
 GRACE_S = 3.0  # for the running trials to stop after Ctrl-C (as a run's stages get)
 WAIT_S = 0.2  # the main thread waits in slices: a signal's handler runs only there
+
+
+class SearchFailed(ConveyorError):
+    """Optuna, or its study's journal, failed under a search (not a trial: a trial's failure is its own)."""
 
 
 @dataclass
@@ -220,6 +225,7 @@ class _Loop:
         self.deadline = time.monotonic() + search.timeout_s if search.timeout_s else None
         self.running: dict[int, str] = {}  # trial number -> its name, while it runs
         self.stop = threading.Event()
+        self.failure: Exception | None = None  # what stopped a slot other than its trial (Optuna, its journal)
         self._mutex = threading.Lock()  # Optuna's study and sampler, and the run record, one thread at a time
         self._space = distributions(search)
         self.events = RunEvents(project.root, trials.run.run_id)
@@ -238,7 +244,12 @@ class _Loop:
             self._interrupted(threads)
             raise
         finally:
-            self._close(interrupted=self.stop.is_set())
+            self._close(interrupted=self.stop.is_set() and self.failure is None)
+        if self.failure is not None:
+            from conveyor.run.failures import short_error
+
+            raise SearchFailed(f"the search stopped: {short_error(self.failure)} (the trials that finished are in "
+                               f"its study; the same command continues it)") from self.failure
 
     def _slot(self) -> None:
         try:
@@ -254,6 +265,9 @@ class _Loop:
                     self.heard(trial_name(self.search.stage, trial.number), record)
         except KeyboardInterrupt:  # Ctrl-C, raised in this thread by the stage runner: the main thread records it
             return
+        except Exception as exc:  # noqa: BLE001 - Optuna or its journal failed: the search stops, said in one line
+            self.failure = exc
+            self.stop.set()
 
     def _ask(self) -> optuna.Trial | None:
         with self._mutex:
@@ -269,11 +283,15 @@ class _Loop:
         import optuna
 
         key = metric_key(self.project, self.search)
-        if record.status == Outcome.SUCCEEDED.value and key in record.metrics:
-            self.study.tell(trial, record.metrics[key])
-            return
-        trial.set_user_attr(ERROR, record.error or "failed")
-        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        try:
+            if record.status == Outcome.SUCCEEDED.value and key in record.metrics:
+                self.study.tell(trial, record.metrics[key])
+                return
+            trial.set_user_attr(ERROR, record.error or "failed")
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except RuntimeError:  # the grid sampler stops a study whose grid is done: outside optimize()
+            if self.search.sampler != "grid":  # that raises, once the trial is stored
+                raise
 
     def _interrupted(self, threads: list[threading.Thread]) -> None:
         """Ctrl-C: stop the running trials (grace: a few seconds), record them interrupted in the study
