@@ -149,16 +149,18 @@ def finished(study: optuna.Study) -> list[Finished]:
 
 
 def _first_point(project: Project, search: Search, study: optuna.Study) -> None:
-    """A new study's first trial is the params file's point, where it lies in the space: every
-    trial is then measured against what the project has now."""
-    if study.trials or search.sampler == "grid":
-        return
-    point = current(project, search.space)
+    """The params file's point is the study's first trial, where it lies in the space: every trial
+    is then measured against what the project has now. Once: unless a trial ran it, or waits to
+    (a search stopped before it ran draws it again when it continues)."""
+    import optuna
+
+    point = dict(current(project, search.space))
     inside = all((d.choices and point[d.key] in d.choices) or
                  (not d.choices and isinstance(point[d.key], int | float) and d.low <= point[d.key] <= d.high)
                  for d in search.space)
-    if inside:
-        study.enqueue_trial(dict(point))
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    if inside and search.sampler != "grid" and not waiting and all(t.values != point for t in finished(study)):
+        study.enqueue_trial(point)
 
 
 def run_search(project: Project, search: Search, run_id: str, view: StageEvents, *,
@@ -196,7 +198,7 @@ def run_search(project: Project, search: Search, run_id: str, view: StageEvents,
                 outcomes.stopped = exc
         outcomes.trials = finished(study)
         if todo > 0:  # a study that has its trials already ran nothing: no record
-            run.search["best"] = _best(outcomes, search)  # type: ignore[index]
+            run.search = {**(run.search or {}), "best": _best(outcomes, search)}
             run.write(project.root)
         return outcomes
 
@@ -294,8 +296,8 @@ class _Loop:
                 raise
 
     def _interrupted(self, threads: list[threading.Thread]) -> None:
-        """Ctrl-C: stop the running trials (grace: a few seconds), record them interrupted in the study
-        and the run record; their folders are made afresh when the next search runs them again."""
+        """Ctrl-C: stop the running trials (grace: a few seconds), record them interrupted in the run
+        record and failed in the study, where they do not count: the next search draws others."""
         import optuna
 
         self.stop.set()
@@ -308,7 +310,7 @@ class _Loop:
                 self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 stage = self.trials.run.stages.get(name)
                 if stage is not None:
-                    stage.status, stage.error = INTERRUPTED, "interrupted: the next search runs it again"
+                    stage.status, stage.error = INTERRUPTED, "interrupted: the next search draws another"
             self.running.clear()
 
     def _close(self, *, interrupted: bool) -> None:
