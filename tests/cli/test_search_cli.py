@@ -1,4 +1,5 @@
-"""`conveyor search` on the command line: a grid walked once, failed trials said, usage errors in one line.
+"""`conveyor search` on the command line: a grid walked once, failed and pruned trials said, usage
+errors in one line.
 
 A task stage of a few lines in a project made here; the search needs no Prefect server.
 """
@@ -6,6 +7,7 @@ A task stage of a few lines in a project made here; the search needs no Prefect 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import json
 
 def fit(ctx):
     x = float(ctx.params["fit.x"])
+    for epoch in range(5):  # a training's validation loss, falling with the epochs
+        ctx.report(epoch, (x - 0.3) ** 2 + 1 / (epoch + 1))
     ctx.out().write_text(f"{x}\\n")
     ctx.metric().parent.mkdir(parents=True, exist_ok=True)
     ctx.metric().write_text(json.dumps({"loss": (x - 0.3) ** 2}))
@@ -66,6 +70,28 @@ def test_a_search_whose_every_trial_fails_says_why_and_exits_1(root: Path) -> No
     assert "fit@trial-0 failed: ValueError: metrics/fit.json has no number 'lost' (its numbers: loss)" in done.stderr
     assert "every trial failed: see why in its log (conveyor logs fit@trial-" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_prune_stops_the_trials_that_fall_behind_on_their_reports(root: Path) -> None:
+    args = ["-p", "fit.x=uniform(0,1)", "--objective", "metrics/fit.json:loss", "--sampler", "random",
+            "--seed", "5", "--trials", "12"]
+    done = search(root, *args, "--prune")
+    assert done.returncode == 0, done.stderr
+    pruned = re.findall(r"^\s+-\s+(fit@trial-\d+)\s+pruned at step (\d) \(it reported ([\d.]+)\)$", done.stdout, re.M)
+    ranked = re.findall(r"^\s+\d+\s+(fit@trial-\d+)\s+loss ([\d.e-]+)", done.stdout, re.M)
+    assert pruned and len(pruned) + len(ranked) == 12, done.stdout
+    assert not (root / ".conveyor/search" / _study(done.stdout) / f"trial-{pruned[0][0].split('-')[-1]}"
+                / "models/m.txt").exists()  # a pruned trial's outs go, as a failed stage's
+    worst_kept = max(float(loss) for _, loss in ranked)
+    assert all(float(reported) > 0.2 for _, _, reported in pruned), (pruned, worst_kept)  # never one near x=0.3
+
+    without = search(root, *args)  # the same search without --prune: another study, every trial run
+    assert without.returncode == 0 and "pruned" not in without.stdout, without.stdout
+    assert len(re.findall(r"^\s+\d+\s+fit@trial-\d+\s+loss", without.stdout, re.M)) == 12
+
+
+def _study(stdout: str) -> str:
+    return re.findall(r"of study (\S+) ", stdout)[0]
 
 
 @pytest.mark.parametrize(("args", "said"), [

@@ -47,6 +47,9 @@ def search(
         "--sampler", metavar="NAME", help="tpe (default), random, or grid (int and choice params only).")] = "tpe",
     seed: Annotated[int | None, typer.Option("--seed", help="The sampler's seed, for a search that "
                                                             "proposes the same trials again.")] = None,
+    prune: Annotated[bool, typer.Option(
+        "--prune", help="Stop trials whose ctx.report(step, value) falls behind the earlier trials' "
+                        "(Optuna's MedianPruner; tasks that report only).")] = False,
     profile: ProfileOption = None,
     config: SpecOption = None,
 ) -> None:
@@ -58,7 +61,8 @@ def search(
     if not objective:
         raise UsageError("say what to optimise with --objective FILE:KEY (e.g. --objective metrics/train.json:rmse)")
     wanted = Search(stage, tuple(parse_dimension(p) for p in param or []),
-                    parse_objective(objective, minimize=not maximize), sampler, trials, timeout, seed)
+                    parse_objective(objective, minimize=not maximize), sampler, trials, timeout, seed,
+                    prune)
     check_search(project, wanted)
     swaps = profile_swaps(profile or [])
     from conveyor.run.profiles import Profiles
@@ -72,7 +76,7 @@ def search(
     out.print(summary(project, wanted, outcomes), highlight=False, markup=False, crop=False, soft_wrap=True)
     if outcomes.stopped is not None:
         _stopped(project, wanted, outcomes)
-    if outcomes.trials and all(t.value is None for t in outcomes.trials):
+    if outcomes.trials and all(t.value is None and not t.pruned for t in outcomes.trials):
         from conveyor.run.trials import trial_name
 
         first = trial_name(wanted.stage, outcomes.trials[0].number)
@@ -96,7 +100,7 @@ def summary(project: Project, search: Search, outcomes: Outcomes) -> str:
     for rank, trial in enumerate(ranked, 1):
         name = trial_name(search.stage, trial.number)
         if trial.value is None:
-            lines.append(f"  -   {name}  failed: {trial.error}")
+            lines.append(f"  -   {name}  {trial.error if trial.pruned else f'failed: {trial.error}'}")
         else:
             lines.append(f"  {rank:<3} {name}  {key} {trial.value:.6g}  {rerun(project, search, trial.values)}")
     best = ranked[0] if ranked and ranked[0].value is not None else None
@@ -126,6 +130,8 @@ def _heard(name: str, record: StageRecord) -> None:
     if record.status == "succeeded":
         numbers = "  ".join(f"{k} {v:.6g}" for k, v in record.metrics.items())
         err.print(f"{name} succeeded in {record.duration_s:.1f}s: {numbers}", highlight=False, soft_wrap=True)
+    elif record.status == "pruned":
+        err.print(f"{name} {record.error}", highlight=False, soft_wrap=True)
     else:
         err.print(f"{name} {record.status}: {record.error}", style="yellow", highlight=False, soft_wrap=True)
 

@@ -23,9 +23,10 @@ from conveyor.errors import ConveyorError
 from conveyor.run.compare import flatten
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RunEvents, RunRecord, StageRecord, begin
+from conveyor.run.reporting import Listener
 from conveyor.run.schedule import Outcome
 from conveyor.run.stage import StageEvents
-from conveyor.run.trials import Trials, study_dir, trial_name
+from conveyor.run.trials import PRUNED, Trials, study_dir, trial_name
 from conveyor.spec.project import Project
 from conveyor.spec.search import Search, current, grid_of
 from conveyor.workspace import run_lock
@@ -51,8 +52,9 @@ class Finished:
 
     number: int
     values: dict[str, Any]
-    value: float | None  # the objective; None for a failed trial
+    value: float | None  # the objective; None for a failed or pruned trial
     error: str = ""
+    pruned: bool = False
 
 
 @dataclass
@@ -104,7 +106,8 @@ def open_study(project: Project, search: Search) -> optuna.Study:
     folder = study_dir(project.root, search.study)
     folder.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(folder / JOURNAL)))
-    study = optuna.create_study(study_name=search.study, storage=storage, sampler=_sampler(search),
+    pruner = optuna.pruners.MedianPruner() if search.prune else optuna.pruners.NopPruner()
+    study = optuna.create_study(study_name=search.study, storage=storage, sampler=_sampler(search), pruner=pruner,
                                 direction="minimize" if search.objective.minimize else "maximize",
                                 load_if_exists=True)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):  # a killed search's
@@ -143,9 +146,9 @@ def finished(study: optuna.Study) -> list[Finished]:
 
     state = optuna.trial.TrialState
     return [Finished(t.number, dict(t.params), t.value if t.state == state.COMPLETE else None,
-                     str(t.user_attrs.get(ERROR, "")))
-            for t in study.get_trials(deepcopy=False, states=(state.COMPLETE, state.FAIL))
-            if t.state == state.COMPLETE or ERROR in t.user_attrs]
+                     str(t.user_attrs.get(ERROR, "")), t.state == state.PRUNED)
+            for t in study.get_trials(deepcopy=False, states=(state.COMPLETE, state.FAIL, state.PRUNED))
+            if t.state != state.FAIL or ERROR in t.user_attrs]
 
 
 def _first_point(project: Project, search: Search, study: optuna.Study) -> None:
@@ -256,7 +259,7 @@ class _Loop:
     def _slot(self) -> None:
         try:
             while (trial := self._ask()) is not None:
-                record = self.trials.run_trial(trial.number, trial.params)
+                record = self.trials.run_trial(trial.number, trial.params, self._listener(trial))
                 with self._mutex:
                     if self.stop.is_set():  # interrupted: the main thread records it
                         return
@@ -281,6 +284,18 @@ class _Loop:
             self.running[trial.number] = trial_name(self.search.stage, trial.number)
             return trial
 
+    def _listener(self, trial: optuna.Trial) -> Listener | None:
+        """What hears a trial's ``ctx.report`` when the search prunes: Optuna's pruner decides."""
+        if not self.search.prune:
+            return None
+
+        def heard(step: int, value: float) -> bool:
+            with self._mutex:
+                trial.report(value, step)
+                return trial.should_prune()
+
+        return heard
+
     def _tell(self, trial: optuna.Trial, record: StageRecord) -> None:
         import optuna
 
@@ -290,7 +305,8 @@ class _Loop:
                 self.study.tell(trial, record.metrics[key])
                 return
             trial.set_user_attr(ERROR, record.error or "failed")
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            pruned = record.status == PRUNED
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED if pruned else optuna.trial.TrialState.FAIL)
         except RuntimeError:  # the grid sampler stops a study whose grid is done: outside optimize()
             if self.search.sampler != "grid":  # that raises, once the trial is stored
                 raise

@@ -29,6 +29,7 @@ from conveyor.run.failures import short_error
 from conveyor.run.metrics import read_metrics, stage_metrics
 from conveyor.run.profiles import Profiles
 from conveyor.run.record import INTERRUPTED, RunRecord, StageRecord, now
+from conveyor.run.reporting import Listener, TrialPruned, listening
 from conveyor.run.schedule import Outcome
 from conveyor.run.stage import StageEvents, StageRunner
 from conveyor.spec.matrix import JOIN
@@ -36,6 +37,8 @@ from conveyor.spec.overrides import Override, rendered
 from conveyor.spec.project import Project, load_project, lookup
 from conveyor.spec.search import Search, as_param
 from conveyor.workspace import STATE_DIR, state_dir
+
+PRUNED = "pruned"  # a trial's status when the search stopped it on its reports
 
 NOT_LINKED = frozenset({".git", ".dvc", ".conveyor", "dvc.yaml", "dvc.lock", ".dvcignore"})
 
@@ -98,9 +101,10 @@ class Trials:
         self._runners: dict[str, StageRunner] = {}
         self._environment: tuple[dict[str, str], dict[str, str]] | None = None  # packages, cpu: once a search
 
-    def run_trial(self, number: int, values: Mapping[str, Any]) -> StageRecord:
+    def run_trial(self, number: int, values: Mapping[str, Any], listener: Listener | None = None) -> StageRecord:
         """Run trial ``number`` with ``values`` (dotted key -> value); its record, metrics included.
-        A stage that fails makes a failed trial (its error in the record), never an exception."""
+        A stage that fails makes a failed trial (its error in the record), never an exception;
+        ``listener`` hears the task's ``ctx.report`` and may prune it (status ``pruned``)."""
         name = trial_name(self.search.stage, number)
         record = StageRecord(item=dict(values), started=now().isoformat(), reason=f"trial {number} of a search")
         with self._mutex:
@@ -110,11 +114,13 @@ class Trials:
             with self._prepared(number, values) as trial:
                 record.packages, record.cpu = self._packages(trial, name)
                 runner = StageRunner(trial, self.profiles, True, self.run, self.view, None)
-                with self._running(name, runner):
+                with self._running(name, runner), listening(listener):
                     runner(name)
                 record.metrics = stage_metrics(trial.root, trial.metrics_of(name))
                 objective(trial.root, self.search)  # a stage that wrote no objective failed its trial
             record.status = Outcome.SUCCEEDED.value
+        except TrialPruned as exc:
+            record.status, record.error = PRUNED, str(exc)
         except Exception as exc:  # noqa: BLE001 - the trial failed; the search goes on
             record.status, record.error = Outcome.FAILED.value, short_error(exc)
         except KeyboardInterrupt:  # Ctrl-C, raised in this trial's thread: the search records it

@@ -77,13 +77,14 @@ class Search:
     trials: int = 16
     timeout_s: float | None = None
     seed: int | None = None
+    prune: bool = False  # stop trials whose ctx.report values fall behind (Optuna's MedianPruner)
 
     @property
     def study(self) -> str:
         """The study's name: the same for the same stage, space, objective and sampler, so a search
         run again with those continues (``--trials`` and ``--timeout`` say only when to stop)."""
         what = json.dumps([self.stage, [d.shown for d in self.space], self.objective.shown,
-                           self.objective.minimize, self.sampler, self.seed])
+                           self.objective.minimize, self.sampler, self.seed, *(["prune"] if self.prune else [])])
         return f"{self.stage}-{hashlib.sha256(what.encode()).hexdigest()[:10]}"
 
 
