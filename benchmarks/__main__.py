@@ -21,14 +21,14 @@ from benchmarks.compute import (
     xgboost_dask,
 )
 from benchmarks.dvc import dvc_repro, scale, sweep
-from benchmarks.overhead import chain, edit_run, noop, parallel_branches, reference
+from benchmarks.overhead import chain, edit_run, noop, parallel_branches, reference, search
 from benchmarks.serve import predict_batch, serve_latency
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
                                                           xgboost_dask, torch_ddp, memory_cap, deterministic, scale,
-                                                          edit_run)}
+                                                          edit_run, search)}
 
 
 def _log(line: str) -> None:

@@ -174,7 +174,7 @@ def serve(
     serve_all(find_root(Path.cwd()), limit=limit)
 
 
-from conveyor.cli import checkpoints, model, past, server  # noqa: E402, F401 - their commands register on app, after these
+from conveyor.cli import checkpoints, model, past, search, server  # noqa: E402, F401 - their commands register on app, after these
 
 
 def main() -> None:

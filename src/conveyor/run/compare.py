@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import redact
-from conveyor.run.record import RunRecord
+from conveyor.run.record import RunRecord, StageRecord
 from conveyor.spec.matrix import JOIN
 
 MISSING = "-"  # a value a run (or item) does not have
@@ -56,7 +56,7 @@ def rows_of(runs: Sequence[RunRecord]) -> list[Row]:
         marked = frozenset(k for k in params if any(k == o or k.startswith(f"{o}.") for o in run.overrides))
         plain = {f"{n}:{k}": v for n, s in run.stages.items() if s.item is None for k, v in s.metrics.items()
                  if _number(v)}
-        items = [(n, s) for n, s in run.stages.items() if s.item is not None and _group(n) in measured]
+        items = ranked(run, [(n, s) for n, s in run.stages.items() if s.item is not None and _group(n) in measured])
         if plain or not items:
             rows.append(Row(run.run_id, "", params, marked, plain))
         for name, stage in items:
@@ -64,6 +64,20 @@ def rows_of(runs: Sequence[RunRecord]) -> list[Row]:
             metrics = {f"{_group(name)}:{k}": v for k, v in stage.metrics.items() if _number(v)}
             rows.append(Row(run.run_id, name, values, marked, metrics))
     return rows
+
+
+def ranked(run: RunRecord, items: list[tuple[str, StageRecord]]) -> list[tuple[str, StageRecord]]:
+    """A search's trials best first by its objective (those without it last); a matrix's items as they ran."""
+    if not run.search or not isinstance(run.search.get("metric"), str):
+        return items
+    metric = run.search["metric"].partition(":")[2]
+    sign = 1.0 if run.search.get("minimize", True) else -1.0
+
+    def order(entry: tuple[str, StageRecord]) -> tuple[bool, float]:
+        value = entry[1].metrics.get(metric)
+        return (value is None, sign * value if value is not None else 0.0)
+
+    return sorted(items, key=order)
 
 
 def _group(stage: str) -> str:

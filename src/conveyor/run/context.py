@@ -168,6 +168,14 @@ class StageContext:
         raise KeyError(f"stage '{self.stage}' needs no matrix stage '{stage}' (it needs: "
                        f"{', '.join(self.needed) or 'none'}); add it to 'needs:' in the spec")
 
+    def report(self, step: int, value: float) -> None:
+        """Report an intermediate value (an epoch's validation loss) at ``step``: a search with
+        ``--prune`` stops a trial whose values are worse than earlier trials' at that step, by
+        raising here (let it propagate). Outside such a search it does nothing."""
+        from conveyor.run.reporting import report
+
+        report(self.stage, step, value)
+
     def dep(self, name: str | None = None) -> Path:
         """A dep's path: by its name or declared path; with no argument, the stage's only dep."""
         return self._lookup(self.deps, name, "deps")

@@ -127,6 +127,7 @@ class RunRecord:
     speedup: float = 0.0
     flow_run_id: str | None = None
     flow_run_url: str | None = None  # in the Prefect UI, when a server is configured
+    search: dict[str, Any] | None = None  # a search's: stage, study, objective, metric, minimize, best trial
 
     @property
     def failed(self) -> list[str]:
@@ -234,8 +235,8 @@ def settle_killed_run(root: Path) -> RunRecord | None:
                 name = event.pop("stage")
             except (ValueError, KeyError):
                 continue  # the line being written when the run was killed
-            if name in run.stages:
-                run.stages[name] = StageRecord(**{**asdict(run.stages[name]), **event})
+            known = run.stages.get(name) or StageRecord()  # a search's trials are known by their events only
+            run.stages[name] = StageRecord(**{**asdict(known), **event})
     for stage in run.stages.values():
         if stage.status == RUNNING:
             stage.status, stage.finished = INTERRUPTED, last_seen
