@@ -115,6 +115,10 @@ CASES = [
          then=("echo 'n: 2' > a/params.yaml",)),
     Case("one foreach item of sub/dvc.yaml upstream (" + T + "test_repro_pipeline)", FOREACH),
     Case(T + "test_repro_all_pipelines, every dvc.yaml: lonely and unrelated too", TWO, ("-P",)),
+    Case(T + "test_downstream, into a third dvc.yaml that reads the target's out", {**TWO, "third/dvc.yaml": """
+            stages:
+              after: {cmd: cat ../used > after, deps: [../used], outs: [after]}
+         """}, ("--downstream", "-f", "use"), setup=RAN),
     Case(T + "test_repro_pipeline, from a stage of sub/dvc.yaml: its pipeline, not lonely", TWO,
          ("-p", "-f", "sub/dvc.yaml:make"), setup=RAN),
 ]

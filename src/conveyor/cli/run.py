@@ -75,12 +75,15 @@ def run(
 
     STAGE...: the stages to run, with their upstream (all when omitted).
     """
-    project = project_of(config, all_pipelines=all_pipelines or recursive)
+    # the whole repository's stages where the selection may reach past this dvc.yaml's upstream:
+    # every pipeline (-P), a directory's (-R), the stages downstream of a target in other dvc.yaml files
+    everything = all_pipelines or recursive or (downstream and bool(stages))
+    project = project_of(config, all_pipelines=everything)
     changes = parse_overrides(set_param or [], project.root, project.params_path)
     texts = rendered(changes) if changes else {}
     if project.params_path in texts:  # the project as the run sees it, checked before anything is written
         project = load_project(project.spec_path, params_text=texts[project.params_path],
-                               all_pipelines=all_pipelines or recursive)
+                               all_pipelines=everything)
     del keep_going  # what conveyor always does: accepted, so a `dvc repro -k` command line works as it is
     if pipeline or all_pipelines:  # as dvc repro: whole pipelines, neither -s nor --downstream
         single_item = downstream = False
