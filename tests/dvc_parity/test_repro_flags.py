@@ -58,6 +58,9 @@ STAGES = {"foo": "foo\n", "dvc.yaml": """
       copy-bar-foobar: {cmd: cp bar foobar, deps: [bar], outs: [foobar]}
 """}
 
+# a local-directory DVC remote beside the twins (the same one for both: a relative path in .dvc/config)
+REMOTE = ("dvc remote add -q -d store ../../$(basename $PWD)-remote",)
+
 PARAMS = """
     answer: 42
     floats: 42.0
@@ -122,6 +125,27 @@ CASES = [
             stages:
               other: {cmd: echo other > other.txt, outs: [other.txt]}
          """}, ("-R", "dir"), setup=("dvc add -q dir/foo",)),
+    Case(T + "test_repro_pulls_missing_data_source", {"foo": "foo\n", "later.yaml": """
+            stages:
+              copy-foo: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+         """}, ("--pull",), setup=(*REMOTE, "dvc add -q foo", "dvc push -q", "mv later.yaml dvc.yaml", "rm foo",
+                                   f"rm {FOO_OBJECT}")),
+    Case(M + "test_repro_allow_missing_and_pull", MISSING, ("--pull", "--allow-missing"),
+         setup=(*REMOTE, "dvc repro -q create-foo", "dvc push -q", "rm foo", f"rm {FOO_OBJECT}",
+                "rm -rf .dvc/cache/runs")),
+    Case(M + "test_repro_allow_missing_upstream_stage_modified", {"params.yaml": "param: 1\n", "dvc.yaml": """
+            stages:
+              create-foo: {cmd: "echo ${param} > foo", params: [param], outs: [foo]}
+              copy-foo: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+         """}, ("--pull", "--allow-missing"),
+         setup=(*REMOTE, "dvc repro -q", "dvc push -q", "echo 'param: 2' > params.yaml", "dvc repro -q create-foo",
+                "dvc push -q", "rm foo", "rm .dvc/cache/files/md5/26/ab0db90d72e28ad0ba1e22ee510510")),
+    Case(RC + "test_restore_pull", {"foo": "foo\n", "dvc.yaml": """
+            stages:
+              copy-foo-bar: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+         """}, ("--pull", "copy-foo-bar"),
+         setup=(*REMOTE, "dvc repro -q", "dvc push -q --run-cache", "rm bar dvc.lock", f"rm {FOO_OBJECT}",
+                "rm -rf .dvc/cache/runs")),
     Case(RC + "test_restore, with --no-run-cache: the command runs", {"foo": "foo\n", "dvc.yaml": """
             stages:
               copy-foo-bar: {cmd: cp foo bar, deps: [foo], outs: [bar]}

@@ -69,6 +69,8 @@ AllowMissingOption = Annotated[bool, typer.Option(
     "--allow-missing", metavar="", help="Skip stages whose only change is missing data (as dvc repro).")]
 NoRunCacheOption = Annotated[bool, typer.Option(
     "--no-run-cache", metavar="", help="Run stage commands even where DVC's run cache has their outs (as dvc repro).")]
+PullOption = Annotated[bool, typer.Option(
+    "--pull", metavar="", help="Pull missing data and the run cache from the DVC remote (as dvc repro).")]
 GlobOption = Annotated[bool, typer.Option(
     "--glob", metavar="", help="Stage names may hold shell-style wildcards: 'train@*' (as dvc repro).")]
 RecursiveOption = Annotated[bool, typer.Option(

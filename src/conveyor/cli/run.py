@@ -27,6 +27,7 @@ from conveyor.cli.common import (
     NoRunCacheOption,
     PipelineOption,
     ProfileOption,
+    PullOption,
     RecursiveOption,
     SetParamOption,
     SingleOption,
@@ -67,6 +68,7 @@ def run(
     no_commit: NoCommitOption = False,
     allow_missing: AllowMissingOption = False,
     no_run_cache: NoRunCacheOption = False,
+    pull: PullOption = False,
     glob: GlobOption = False,
     recursive: RecursiveOption = False,
     verbose: VerboseOption = False,
@@ -120,7 +122,7 @@ def run(
     options = RunOptions(tuple(targets), downstream, force, swaps, single=single_item,
                          overrides={c.shown: c.new for c in changes}, force_downstream=force_downstream,
                          pipeline=pipeline, all_pipelines=all_pipelines, no_commit=no_commit,
-                         allow_missing=allow_missing, no_run_cache=no_run_cache)
+                         allow_missing=allow_missing, no_run_cache=no_run_cache, pull=pull)
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary

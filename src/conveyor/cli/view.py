@@ -136,10 +136,10 @@ def resume_interrupted(project: Project, run: RunRecord, options: RunOptions | N
 
 def _carried(options: RunOptions | None) -> str:
     """What a resumed run must repeat of the options: ``--force``, ``--profile`` swaps, DVC's
-    ``--no-commit`` and ``--allow-missing`` (``-S`` is in the params file already)."""
+    ``--no-commit``, ``--allow-missing`` and ``--pull`` (``-S`` is in the params file already)."""
     if options is None:
         return ""
     swaps = "".join(f" --profile {name}={target}" for name, target in options.profiles.items())
     flags = [flag for flag, given in (("--force", options.force), ("--no-commit", options.no_commit),
-                                      ("--allow-missing", options.allow_missing)) if given]
+                                      ("--allow-missing", options.allow_missing), ("--pull", options.pull)) if given]
     return swaps + "".join(f" {flag}" for flag in flags)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.dvc.compile import compiled_from, drift, dvc_yaml, render, write_dvc_yaml
 from conveyor.dvc.inputs import as_started, command_changes, started_inputs
 from conveyor.dvc.lockfile import LockWriter
+from conveyor.dvc.missing import changed_with_data, pull_missing_deps, pull_run_cache, pulled_instead
 from conveyor.dvc.reasons import params_changed, reason, rel_to
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
 from conveyor.dvc.vouched import outs_match
@@ -50,10 +51,10 @@ class DvcRecord:
     """
 
     def __init__(self, project: Project, *, question: bool = False, no_commit: bool = False,
-                 allow_missing: bool = False, no_run_cache: bool = False) -> None:
+                 allow_missing: bool = False, no_run_cache: bool = False, pull: bool = False) -> None:
         """``question``: for ``status`` and ``run --dry-run``, which write nothing (not even a
         dvc.yaml that is out of date: they read it as a run would compile it). ``no_commit``
-        ``allow_missing`` and ``no_run_cache``: as ``dvc repro``'s flags of those names."""
+        ``allow_missing``, ``no_run_cache`` and ``pull``: as ``dvc repro``'s flags of those names."""
         from dvc.repo import Repo
         from dvc.scm import SCMError
 
@@ -64,6 +65,7 @@ class DvcRecord:
         self.no_commit = no_commit
         self.allow_missing = allow_missing
         self.no_run_cache = no_run_cache
+        self.pull = pull
         self.file = project.dvc.file if project.dvc is not None else dvc_yaml(project)
         self._loaded = project.dvc.loaded if project.dvc is not None else None  # as loading the project read them
         handed = self._loaded.take() if self._loaded is not None else None
@@ -123,6 +125,8 @@ class DvcRecord:
                 with self._mutex:  # what a killed run recorded only in the pending log, before dvc.lock is read
                     for path, writer in self._locks.items():
                         writer.merge_pending(partial(self._outs_match, path.with_suffix(".yaml")))
+                    if self.pull:
+                        pull_run_cache(self.repo)
                 self.reload()
             yield self
         finally:
@@ -229,7 +233,10 @@ class DvcRecord:
                 return ["never run"]  # (a new item of a sweep grown by -S is not in the file DVC read)
             st = self._stage(stage)  # DVC asks a frozen stage only about its outs, recorded or not
             try:
-                if self.allow_missing and not self._changed_with_data(stage, st):
+                if self.allow_missing and not changed_with_data(st, self._upstream(stage)):
+                    return []
+                if self.pull and not self.question and not changed_with_data(st, self._upstream(stage)) \
+                        and _status(st) and pulled_instead(st):
                     return []
                 status = _status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
@@ -246,12 +253,8 @@ class DvcRecord:
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
             return reasons
 
-    def _changed_with_data(self, stage: str, st: PipelineStage) -> bool:
-        """DVC's ``Stage.changed(allow_missing=True)``: a dep or out that is only missing (deleted,
-        or an out not in the cache) is no change, unless an upstream stage's out at that path
-        now hashes to something else (DVC's ``upstream``: the stages it waits for)."""
-        upstream = [self._stages[name] for name in self.project.graph[stage] if name in self._stages]
-        return bool(st.changed(allow_missing=True, upstream=upstream))
+    def _upstream(self, stage: str) -> list[PipelineStage]:
+        return [self._stages[name] for name in self.project.graph[stage] if name in self._stages]
 
     def _removed_deps(self, stage: str, st: PipelineStage) -> list[str]:
         """``dep removed: models/m-0.1.json`` for each data dep dvc.lock records and the stage no
@@ -271,7 +274,7 @@ class DvcRecord:
 
         with self._mutex:
             return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force,
-                                  no_commit=self.no_commit, allow_missing=self.allow_missing)
+                                  no_commit=self.no_commit, allow_missing=self.allow_missing, pull=self.pull)
 
     def _recorded_cmd(self, stage: str) -> Any:
         """The stage's command as dvc.lock records it."""
@@ -304,14 +307,14 @@ class DvcRecord:
         from dvc.exceptions import DvcException
         from dvc.stage.cache import RunCacheNotFoundError
 
-        if self.no_run_cache:
-            return False
         with self._mutex:
             st = self._stage(stage)
             if self._removed_deps(stage, st):  # DVC would check dvc.lock's outs out: made with those deps
                 return False
             try:
-                cached = checkout_recorded(st)
+                if self.pull:
+                    pull_missing_deps(st)  # as dvc repro --pull does before it looks for a run
+                cached = checkout_recorded(st, run_cache=not self.no_run_cache, pull=self.pull)
             except RunCacheNotFoundError:
                 return False
             except DvcException:  # a damaged cache entry: run the command instead
@@ -379,15 +382,15 @@ def yaml_text(text: str) -> Any:
 
 
 def open_record(project: Project, *, question: bool = False, no_commit: bool = False,
-                allow_missing: bool = False, no_run_cache: bool = False) -> Record:
+                allow_missing: bool = False, no_run_cache: bool = False, pull: bool = False) -> Record:
     """DVC's record for a dvc.yaml and for the spec dvc.yaml is compiled from (in a DVC repo),
     else conveyor's own. ``question``: a record that writes nothing (:class:`DvcRecord`);
     ``no_commit``, ``allow_missing``: ``dvc repro``'s flags, for DVC's record only; ``no_run_cache``
     (conveyor's own record has no run cache: nothing to do there)."""
     if project.dvc is not None or compiled_from(project):  # compiled again under the run's locks where stale
         return DvcRecord(project, question=question, no_commit=no_commit, allow_missing=allow_missing,
-                         no_run_cache=no_run_cache)
-    for flag, given in (("--no-commit", no_commit), ("--allow-missing", allow_missing)):
+                         no_run_cache=no_run_cache, pull=pull)
+    for flag, given in (("--no-commit", no_commit), ("--allow-missing", allow_missing), ("--pull", pull)):
         if given:
             raise UsageError(f"{flag} is a flag of DVC's record (dvc.lock and its cache), which "
                              f"{project.rel(project.spec_path)} does not use: run without it, or "

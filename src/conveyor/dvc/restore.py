@@ -31,14 +31,16 @@ log = logging.getLogger("dvc.stage.cache")  # DVC's line, where `dvc repro` logs
 DAMAGED = "damaged"
 
 
-def checkout_recorded(stage: PipelineStage) -> PipelineStage:
+def checkout_recorded(stage: PipelineStage, *, run_cache: bool = True, pull: bool = False) -> PipelineStage:
     """Check out what DVC recorded for ``stage`` with its current deps, params and command, as
     ``dvc repro`` does instead of running it; returns the stage DVC checked out, whose outs hold
     the recorded hashes. Raises DVC's ``RunCacheNotFoundError`` when there is nothing to restore.
 
-    DVC's ``StageCache.restore`` (dvc 3.x, without ``pull``), which keeps that stage to itself:
-    dvc.lock's own entry when the command and deps are as it records them (an out was deleted),
-    else the run cache's newest entry for these deps."""
+    DVC's ``StageCache.restore`` (dvc 3.x), which keeps that stage to itself: dvc.lock's own entry
+    when the command and deps are as it records them (an out was deleted), else (unless
+    ``run_cache`` is off: ``--no-run-cache``) the run cache's newest entry for these deps; with
+    ``pull`` (``--pull``), the outs' objects are fetched from the DVC remote first."""
+    from dvc.exceptions import CollectCacheError
     from dvc.stage.cache import RunCacheNotFoundError, _can_hash
     from dvc.stage.serialize import to_single_stage_lockfile
 
@@ -49,11 +51,19 @@ def checkout_recorded(stage: PipelineStage) -> PipelineStage:
     if not stage.changed_stage() and stage.deps_cached() and all(bool(out.hash_info) for out in stage.outs):
         entry = to_single_stage_lockfile(stage)
     else:
+        if not run_cache:
+            raise RunCacheNotFoundError(stage)
         stage.save_deps()
         entry = runs._load(stage)  # DVC's lookup of its newest entry for these deps
         if not entry:
             raise RunCacheNotFoundError(stage)
     cached: PipelineStage = runs._create_stage(entry, wdir=stage.wdir)
+    if pull:
+        try:
+            for objects in cached.get_used_objs().values():
+                stage.repo.cloud.pull(objects)
+        except CollectCacheError as exc:
+            raise RunCacheNotFoundError(stage) from exc
     if not cached.outs_cached():
         raise RunCacheNotFoundError(stage)
     log.info("Stage '%s' is cached - skipping run, checking out outputs", stage.addressing)

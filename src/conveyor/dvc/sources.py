@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.dvc.missing import pulled_instead
 from conveyor.errors import UsageError
 from conveyor.workspace import replace_atomically, state_dir
 
@@ -60,11 +61,11 @@ def sources_of(project: Project, stages: Iterable[str]) -> list[str]:
 
 
 def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force: bool = False,
-                   no_commit: bool = False, allow_missing: bool = False) -> list[str]:
+                   no_commit: bool = False, allow_missing: bool = False, pull: bool = False) -> list[str]:
     """Each ``.dvc`` file of ``paths`` whose data changed (all of them with ``force``, as
-    ``dvc repro -f``), reproduced as ``dvc repro`` does; returns those written. ``no_commit``
-    and ``allow_missing``: ``dvc repro``'s flags (hashed but not put into the cache; data
-    missing from the workspace or the cache is no change).
+    ``dvc repro -f``), reproduced as ``dvc repro`` does; returns those written. ``no_commit``,
+    ``allow_missing`` and ``pull``: ``dvc repro``'s flags (hashed but not put into the cache;
+    data missing from the workspace or the cache is no change, or is pulled from the remote).
 
     Raises :class:`MissingInputError` when a file's data is gone (DVC: missing data 'source')."""
     from dvc.dvcfile import load_file
@@ -75,6 +76,8 @@ def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force:
     for path in paths:
         stage = load_file(repo, str(project.root / path)).stage
         if not (force or stage.changed(allow_missing)):  # DVC's "'foo.dvc' didn't change, skipping"
+            continue
+        if pull and not force and not stage.changed(True) and pulled_instead(stage):
             continue
         try:
             check_missing_outputs(stage)  # before DVC says "Verifying data sources": the refusal is one line

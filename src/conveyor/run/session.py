@@ -56,7 +56,8 @@ class RunOptions:
     all_pipelines: bool = False  # every dvc.yaml of the repository (dvc repro -P): in the project loaded
     no_commit: bool = False  # outs not put into the DVC cache, no run cache entry (dvc repro --no-commit)
     allow_missing: bool = False  # skip a stage whose only change is missing data (dvc repro --allow-missing)
-    no_run_cache: bool = False  # never restore outs from DVC's run cache (dvc repro --no-run-cache)
+    no_run_cache: bool = False  # restore outs from dvc.lock's entry only, not the run cache (dvc repro --no-run-cache)
+    pull: bool = False  # missing data and the run cache from the DVC remote (dvc repro --pull)
 
     def selected(self, graph: dag.Graph) -> set[str]:
         return dag.select(graph, self.stages, downstream=self.downstream, single=self.single,
@@ -195,7 +196,7 @@ def open_session(project: Project, options: RunOptions, warn: Callable[[str], No
     from conveyor.dvc.record import open_record
 
     record: Record = open_record(project, no_commit=options.no_commit, allow_missing=options.allow_missing,
-                                 no_run_cache=options.no_run_cache)
+                                 no_run_cache=options.no_run_cache, pull=options.pull)
     if options.forced:
         record = ForcedRecord(record, frozenset(options.forced))
     selected = options.selected(project.graph)
