@@ -150,6 +150,11 @@ CASES = [
             stages:
               copy-foo-bar: {cmd: cp foo bar, deps: [foo], outs: [bar]}
          """}, ("--no-run-cache", "copy-foo-bar"), setup=("dvc repro -q",), then=("rm bar dvc.lock",)),
+    Case(RC + "test_restore, with --no-run-cache and dvc.lock kept: bar checked out from its entry",
+         {"foo": "foo\n", "dvc.yaml": """
+            stages:
+              copy-foo-bar: {cmd: cp foo bar, deps: [foo], outs: [bar]}
+         """}, ("--no-run-cache", "copy-foo-bar"), setup=("dvc repro -q",), then=("rm bar",)),
 ]
 
 
