@@ -1,0 +1,186 @@
+"""Stages on a Dask cluster that does not see the project's disk: a scheduler and a worker started
+here in mount namespaces of their own (``unshare -m``) where the project's directory is an empty
+tmpfs; what they share with the runner is a local-directory DVC remote, and only when the project
+has one. The pipeline::
+
+    source (a local task) ──► double (a cmd on the cluster) ──► square (a task on the cluster)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Project
+from distributed import Client
+from distributed.utils import open_port
+from subprocs import stop_group
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="needs root and unshare(1) for mount namespaces")
+
+TASKS = '''
+import json
+
+
+def source(ctx):
+    ctx.out().write_text(f"{ctx.params['source']['value']}\\n")
+
+
+def square(ctx):
+    value = int(ctx.dep("data/double.txt").read_text())
+    squared = ctx.client.submit(pow, value, 2, pure=False).result()   # work on the cluster itself
+    (ctx.out("data/square") / "nested").mkdir(parents=True)
+    (ctx.out("data/square") / "nested/value.txt").write_text(f"{squared}\\n")
+    ctx.metric().write_text(json.dumps({"square": squared, "root_seen": str(ctx.root)}))
+    ctx.log.info("squared %d on the cluster", value)
+'''
+
+SCRIPT = '''
+import sys
+from pathlib import Path
+
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+dst.parent.mkdir(parents=True, exist_ok=True)
+dst.write_text(f"{int(src.read_text()) * 2}\\n")
+print(f"doubled in {Path.cwd()}")
+'''
+
+SPEC = """
+pipeline: unshared
+profiles:
+  remote: {kind: dask, address: "ADDRESS"}
+stages:
+  source: {task: tasks.steps:source, params: [source], outs: [data/source.txt]}
+  double:
+    cmd: python scripts/double.py data/source.txt data/double.txt
+    on: remote
+    deps: [data/source.txt, scripts/double.py]
+    outs: [data/double.txt]
+  square:
+    task: tasks.steps:square
+    on: remote
+    deps: [data/double.txt]
+    outs: [data/square]
+    metrics: [metrics/square.json]
+"""
+
+
+def _hidden(root: Path, argv: list[str]) -> list[str]:
+    """``argv`` run in a mount namespace of its own where ``root`` is an empty tmpfs."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs none "{root}" && exec "$@"', "hidden", *argv]
+
+
+@pytest.fixture
+def blind_cluster(make_project: Callable[[], Project], tmp_path_factory: pytest.TempPathFactory,
+                  ) -> Iterator[tuple[Project, str]]:
+    """A project, and a scheduler and one worker that see an empty folder at its root."""
+    project = make_project()
+    port = open_port("127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    elsewhere = tmp_path_factory.mktemp("cluster")
+    argvs = [["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"],
+             ["dask", "worker", address, "--nthreads", "2", "--memory-limit", "2GiB", "--host", "127.0.0.1",
+              "--dashboard-address", "127.0.0.1:0", "--name", "blind"]]
+    procs = [subprocess.Popen(_hidden(project.root, argv), cwd=elsewhere, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True) for argv in argvs]
+    try:
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(1, timeout=120)
+            assert client.run(os.listdir, str(project.root)) == {next(iter(client.nthreads())): []}
+        yield project, address
+    finally:
+        for proc in reversed(procs):
+            stop_group(proc)
+
+
+def _write(project: Project, address: str) -> None:
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/steps.py", TASKS)
+    project.write("scripts/double.py", SCRIPT)
+    project.write("params.yaml", "source: {value: 21}\n")
+    project.write("configs/pipeline.yaml", SPEC.replace("ADDRESS", address))
+
+
+def _sh(project: Project, *argv: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _scratch_left(client: Client) -> list[str]:
+    """The scratch directories on the worker (its temporary directory)."""
+    import tempfile
+
+    def listing() -> list[str]:
+        return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("conveyor-scratch-")]
+
+    return [name for names in client.run(listing).values() for name in names]
+
+
+@pytest.mark.slow
+def test_without_a_shared_disk_or_a_remote_the_run_stops_at_once_saying_what_to_configure(
+        blind_cluster: tuple[Project, str]) -> None:
+    project, address = blind_cluster
+    _write(project, address)
+    run = project.conveyor("run")
+    assert run.returncode == 1, run.stdout + run.stderr
+    said = " ".join((run.stdout + run.stderr).split())
+    assert "Traceback" not in said, said
+    assert ("double failed: NoSharedDisk: the Dask workers of profile 'remote' do not see the project's "
+            f"directory {project.root}: give them a shared disk mounted at that path, or a DVC remote for the data "
+            "to move through (dvc remote add -d NAME URL, a path or bucket both sides reach)") in said, said
+    assert not (project.root / "data/double.txt").exists()
+    assert not list((project.root / ".conveyor").glob("probe-*"))  # the marker is gone
+    assert not project.left_running()
+
+
+@pytest.mark.slow
+def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    _write(project, address)
+    project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
+    for argv in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
+                 ["git", "config", "user.name", "t"], ["dvc", "init", "-q"],
+                 ["dvc", "config", "core.analytics", "false"],
+                 ["dvc", "remote", "add", "-d", "store", str(tmp_path / "store")]):
+        _sh(project, *argv)
+
+    run = project.conveyor("run")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (project.root / "data/double.txt").read_text() == "42\n"
+    assert (project.root / "data/square/nested/value.txt").read_text() == "1764\n"
+    metrics = json.loads((project.root / "metrics/square.json").read_text())
+    assert metrics["square"] == 1764 and metrics["root_seen"] != str(project.root)  # it ran elsewhere
+    stages = project.record()["stages"]
+    assert {n: s["profile"] for n, s in stages.items()} == {"source": "local", "double": "remote", "square": "remote"}
+    logs = project.root / ".conveyor/logs" / project.record()["run_id"]
+    assert "doubled in" in (logs / "double.log").read_text()
+    assert "squared 42 on the cluster" in (logs / "square.log").read_text()
+
+    # recorded as a local run records: dvc.lock and the cache agree with the workspace
+    assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    with Client(address) as client:
+        assert _scratch_left(client) == []  # nothing stays on the worker
+    assert not project.left_running()
+
+    # a fresh clone gets the outs from the remote
+    _sh(project, "dvc", "push", "-q")
+    _sh(project, "git", "add", "-A")
+    _sh(project, "git", "commit", "-qm", "run")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(project.root), str(clone)], check=True)
+    pulled = subprocess.run(["dvc", "pull", "-q"], cwd=clone, env=project.env, capture_output=True, text=True)
+    assert pulled.returncode == 0, pulled.stderr
+    assert (clone / "data/square/nested/value.txt").read_text() == "1764\n"
+
+    again = project.conveyor("run")  # nothing is stale: nothing moves
+    assert again.returncode == 0, again.stderr
+    assert {s["status"] for s in project.record()["stages"].values()} == {"skipped"}
