@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import Project
 from distributed import Client
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is 
 
 TASKS = '''
 import json
+import time
 
 
 def source(ctx):
@@ -39,16 +43,24 @@ def square(ctx):
     (ctx.out("data/square") / "nested/value.txt").write_text(f"{squared}\\n")
     ctx.metric().write_text(json.dumps({"square": squared, "root_seen": str(ctx.root)}))
     ctx.log.info("squared %d on the cluster", value)
+    if ctx.params["square"]["hang"]:
+        ctx.log.info("hanging")
+        while True:
+            time.sleep(0.05)
 '''
 
 SCRIPT = '''
 import sys
+import time
 from pathlib import Path
 
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 dst.parent.mkdir(parents=True, exist_ok=True)
 dst.write_text(f"{int(src.read_text()) * 2}\\n")
-print(f"doubled in {Path.cwd()}")
+print(f"doubled in {Path.cwd()}", flush=True)
+if sys.argv[3] == "1":
+    print("hanging", flush=True)
+    time.sleep(600)
 '''
 
 SPEC = """
@@ -58,17 +70,21 @@ profiles:
 stages:
   source: {task: tasks.steps:source, params: [source], outs: [data/source.txt]}
   double:
-    cmd: python scripts/double.py data/source.txt data/double.txt
+    cmd: python scripts/double.py data/source.txt data/double.txt ${double.hang}
     on: remote
+    params: [double]
     deps: [data/source.txt, scripts/double.py]
     outs: [data/double.txt]
   square:
     task: tasks.steps:square
     on: remote
+    params: [square]
     deps: [data/double.txt]
     outs: [data/square]
     metrics: [metrics/square.json]
 """
+
+PARAMS = "source: {{value: {value}}}\ndouble: {{hang: {double}}}\nsquare: {{hang: {square}}}\n"
 
 
 def _hidden(root: Path, argv: list[str]) -> list[str]:
@@ -105,7 +121,7 @@ def _write(project: Project, address: str) -> None:
     project.write("tasks/__init__.py", "")
     project.write("tasks/steps.py", TASKS)
     project.write("scripts/double.py", SCRIPT)
-    project.write("params.yaml", "source: {value: 21}\n")
+    project.write("params.yaml", PARAMS.format(value=21, double=0, square=0))
     project.write("configs/pipeline.yaml", SPEC.replace("ADDRESS", address))
 
 
@@ -113,6 +129,44 @@ def _sh(project: Project, *argv: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(argv, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
+
+
+def _with_remote(project: Project, store: Path) -> None:
+    """Make the project a git + DVC repository whose default remote is the folder ``store``."""
+    project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
+    for argv in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
+                 ["git", "config", "user.name", "t"], ["dvc", "init", "-q"],
+                 ["dvc", "config", "core.analytics", "false"], ["dvc", "remote", "add", "-d", "store", str(store)]):
+        _sh(project, *argv)
+
+
+def _wait_for_line(project: Project, stage: str, text: str, proc: subprocess.Popen[str]) -> None:
+    """Until the stage's log (of the run ``proc``) has ``text``: its lines come from the worker."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(text in log.read_text() for log in (project.root / ".conveyor/logs").glob(f"*/{stage}.log")):
+            return
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    raise AssertionError(f"{stage} never logged {text!r}")
+
+
+def _nothing_left(address: str) -> None:
+    """Within a few seconds, no scratch directory on the worker and no process of the command."""
+    deadline = time.monotonic() + 20
+    with Client(address) as client:
+        while (left := _scratch_left(client) + _commands()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert left == []
+
+
+def _commands() -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if "scripts/double.py" in line:
+            found.append(line)
+    return found
 
 
 def _scratch_left(client: Client) -> list[str]:
@@ -146,12 +200,7 @@ def test_without_a_shared_disk_or_a_remote_the_run_stops_at_once_saying_what_to_
 def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
     project, address = blind_cluster
     _write(project, address)
-    project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
-    for argv in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
-                 ["git", "config", "user.name", "t"], ["dvc", "init", "-q"],
-                 ["dvc", "config", "core.analytics", "false"],
-                 ["dvc", "remote", "add", "-d", "store", str(tmp_path / "store")]):
-        _sh(project, *argv)
+    _with_remote(project, tmp_path / "store")
 
     run = project.conveyor("run")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -184,3 +233,54 @@ def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Proj
     again = project.conveyor("run")  # nothing is stale: nothing moves
     assert again.returncode == 0, again.stderr
     assert {s["status"] for s in project.record()["stages"].values()} == {"skipped"}
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_runner_stops_the_command_on_the_worker_and_keeps_the_previous_outs(
+        blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    _write(project, address)
+    _with_remote(project, tmp_path / "store")
+    assert project.conveyor("run").returncode == 0
+    project.write("params.yaml", PARAMS.format(value=5, double=1, square=0))
+    proc = project.popen("run")
+    try:
+        _wait_for_line(project, "double", "hanging", proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+    _nothing_left(address)
+    assert project.conveyor("status").returncode == 0  # settles the killed run
+    assert (project.root / "data/double.txt").read_text() == "42\n"
+
+    project.write("params.yaml", PARAMS.format(value=5, double=0, square=0))
+    run = project.conveyor("run")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (project.root / "data/square/nested/value.txt").read_text() == "100\n"
+    assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    _nothing_left(address)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_task_on_the_worker_and_keeps_the_previous_outs(
+        blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    _write(project, address)
+    _with_remote(project, tmp_path / "store")
+    assert project.conveyor("run").returncode == 0
+    project.write("params.yaml", PARAMS.format(value=21, double=0, square=1))
+    proc = project.popen("run")
+    try:
+        _wait_for_line(project, "square", "hanging", proc)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted (SIGINT): stopped square" in " ".join(out.split())
+    assert (project.root / "data/square/nested/value.txt").read_text() == "1764\n"
+    _nothing_left(address)
+    assert not project.left_running()
+    with Client(address) as client:  # the worker's thread is free again: a new task runs at once
+        assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3

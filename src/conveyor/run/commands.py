@@ -279,17 +279,18 @@ def on_worker(command: Command, token: str, topic: str, shipment: Shipment | Non
 
     from distributed import get_worker
 
-    from conveyor.run.unshared import command_in_scratch, run_in_scratch
+    from conveyor.run.unshared import command_in_scratch, run_in_scratch, stopped_when_released
 
     worker = get_worker()
     batch = _Batch(lambda lines: worker.log_event(topic, lines))
     try:
         if shipment is None:
             return run_here(command, batch.add, token=token, budget=worker_budget(worker))
-        finished, outs = run_in_scratch(
-            shipment, lambda scratch: run_here(command_in_scratch(command, shipment, scratch), batch.add,
-                                               token=token, budget=worker_budget(worker)),
-            succeeded=lambda done: done.returncode == 0)
+        with stopped_when_released(lambda: cancel_on_worker(token)):
+            finished, outs = run_in_scratch(
+                shipment, lambda scratch: run_here(command_in_scratch(command, shipment, scratch), batch.add,
+                                                   token=token, budget=worker_budget(worker)),
+                succeeded=lambda done: done.returncode == 0)
         return replace(finished, outs=outs)
     finally:
         batch.close()

@@ -66,7 +66,8 @@ def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipmen
     """The Dask task: the stage's task in a scratch directory; returns its outs' hashes."""
     from distributed import get_worker
 
-    from conveyor.run.unshared import run_in_scratch
+    from conveyor.run.unshared import Released, run_in_scratch, stopped_when_released
+    from conveyor.run.watchdog import raise_in
 
     worker = get_worker()
     batch = _Batch(lambda lines: worker.log_event(topic, lines))
@@ -75,8 +76,10 @@ def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipmen
     logger.setLevel(logging.INFO)
     logger.propagate = False
     logger.addHandler(handler)
+    ident = threading.get_ident()
     try:
-        _, outs = run_in_scratch(shipment, lambda scratch: _call(fn, payload, shipment, scratch, logger))
+        with stopped_when_released(lambda: raise_in(ident, Released)):
+            _, outs = run_in_scratch(shipment, lambda scratch: _call(fn, payload, shipment, scratch, logger))
         return outs
     finally:
         logger.removeHandler(handler)

@@ -25,7 +25,8 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 PROBE_TIMEOUT_S = 30.0
+RELEASE_POLL_S = 0.5  # how often a stage on a worker looks whether the runner still wants it
 SCRATCH_PREFIX = "conveyor-scratch-"
 
 
@@ -175,3 +177,38 @@ def run_in_scratch(shipment: Shipment, work: Callable[[Path], T],
         return result, push(shipment.store, scratch, shipment.outs) if succeeded(result) else {}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Released(Exception):
+    """Raised into a task stage's thread on a worker once the runner no longer wants it (no arguments)."""
+
+
+@contextmanager
+def stopped_when_released(stop: Callable[[], object]) -> Iterator[None]:
+    """On a worker, around a stage: ``stop()`` once the scheduler no longer wants this Dask task.
+
+    Dask lets a task that is running go on when its client lets go of it: after Ctrl-C (the
+    runner cancels it) and after kill -9 of the runner (the scheduler drops a client whose
+    connection closed). Nothing else would end a command or a task there, nor remove its
+    scratch directory; this watch does, within :data:`RELEASE_POLL_S`.
+    """
+    from distributed import get_worker
+
+    worker = get_worker()
+    key = worker.get_current_task()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(RELEASE_POLL_S):
+            task = worker.state.tasks.get(key)
+            if task is None or task.state in ("cancelled", "released", "forgotten"):
+                stop()
+                return
+
+    watcher = threading.Thread(target=watch, name="conveyor-released", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
