@@ -8,6 +8,7 @@ has one. The pipeline::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,10 +16,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+import yaml
 from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
@@ -93,28 +97,35 @@ def _hidden(root: Path, argv: list[str]) -> list[str]:
             f'mount -t tmpfs none "{root}" && exec "$@"', "hidden", *argv]
 
 
+@contextmanager
+def _blind(root: Path, elsewhere: Path, workers: int, nthreads: int) -> Iterator[str]:
+    """A scheduler and ``workers`` workers, each in a mount namespace of its own where ``root`` is an
+    empty folder, with no PYTHONPATH; their address. Stopped at the end."""
+    port = open_port("127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argvs = [["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"]]
+    argvs += [["dask", "worker", address, "--nthreads", str(nthreads), "--memory-limit", "2GiB", "--host",
+               "127.0.0.1", "--dashboard-address", "127.0.0.1:0", "--name", f"blind{i}"] for i in range(workers)]
+    procs = [subprocess.Popen(_hidden(root, argv), cwd=elsewhere, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True) for argv in argvs]
+    try:
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(workers, timeout=120)
+            assert set(map(tuple, client.run(os.listdir, str(root)).values())) == {()}  # an empty folder there
+        yield address
+    finally:
+        for proc in reversed(procs):  # workers first, then the scheduler
+            stop_group(proc)
+
+
 @pytest.fixture
 def blind_cluster(make_project: Callable[[], Project], tmp_path_factory: pytest.TempPathFactory,
                   ) -> Iterator[tuple[Project, str]]:
     """A project, and a scheduler and one worker that see an empty folder at its root."""
     project = make_project()
-    port = open_port("127.0.0.1")
-    address = f"tcp://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    elsewhere = tmp_path_factory.mktemp("cluster")
-    argvs = [["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"],
-             ["dask", "worker", address, "--nthreads", "2", "--memory-limit", "2GiB", "--host", "127.0.0.1",
-              "--dashboard-address", "127.0.0.1:0", "--name", "blind"]]
-    procs = [subprocess.Popen(_hidden(project.root, argv), cwd=elsewhere, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True) for argv in argvs]
-    try:
-        with Client(address, timeout="60s") as client:
-            client.wait_for_workers(1, timeout=120)
-            assert client.run(os.listdir, str(project.root)) == {next(iter(client.nthreads())): []}
+    with _blind(project.root, tmp_path_factory.mktemp("cluster"), 1, 2) as address:
         yield project, address
-    finally:
-        for proc in reversed(procs):
-            stop_group(proc)
 
 
 def _write(project: Project, address: str) -> None:
@@ -132,12 +143,14 @@ def _sh(project: Project, *argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def _with_remote(project: Project, store: Path) -> None:
-    """Make the project a git + DVC repository whose default remote is the folder ``store``."""
+    """Make the project a git + DVC repository whose default remote is the folder ``store``, its spec
+    compiled to dvc.yaml."""
     project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
     for argv in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
                  ["git", "config", "user.name", "t"], ["dvc", "init", "-q"],
                  ["dvc", "config", "core.analytics", "false"], ["dvc", "remote", "add", "-d", "store", str(store)]):
         _sh(project, *argv)
+    assert project.conveyor("compile").returncode == 0  # dvc.yaml: DVC's dvc.lock and cache are the record
 
 
 def _wait_for_line(project: Project, stage: str, text: str, proc: subprocess.Popen[str]) -> None:
@@ -170,11 +183,12 @@ def _commands() -> list[str]:
 
 
 def _scratch_left(client: Client) -> list[str]:
-    """The scratch directories on the worker (its temporary directory)."""
+    """The scratch directories on the worker (in its own directory, or the temporary directory)."""
     import tempfile
 
-    def listing() -> list[str]:
-        return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("conveyor-scratch-")]
+    def listing(dask_worker: Any) -> list[str]:
+        places = [dask_worker.local_directory, tempfile.gettempdir()]
+        return [n for place in places for n in os.listdir(place) if n.startswith("conveyor-scratch-")]
 
     return [name for names in client.run(listing).values() for name in names]
 
@@ -216,6 +230,11 @@ def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Proj
 
     # recorded as a local run records: dvc.lock and the cache agree with the workspace
     assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    locked = yaml.safe_load((project.root / "dvc.lock").read_text())["stages"]
+    assert set(locked) == {"source", "double", "square"}
+    digest = hashlib.md5(b"42\n").hexdigest()
+    assert locked["double"]["outs"] == [{"path": "data/double.txt", "hash": "md5", "md5": digest, "size": 3}]
+    assert (project.root / ".dvc/cache/files/md5" / digest[:2] / digest[2:]).read_text() == "42\n"
     with Client(address) as client:
         assert _scratch_left(client) == []  # nothing stays on the worker
     assert not project.left_running()
@@ -284,3 +303,33 @@ def test_ctrl_c_stops_the_task_on_the_worker_and_keeps_the_previous_outs(
     assert not project.left_running()
     with Client(address) as client:  # the worker's thread is free again: a new task runs at once
         assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
+
+
+@pytest.mark.slow
+def test_reference_pipeline_on_a_cluster_without_the_projects_disk(
+        reference_project: Project, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The reference pipeline, its dask profiles pointed at two workers that see an empty folder at the
+    project's root, sharing a local-directory DVC remote: the same metrics as on a shared disk."""
+    project = reference_project
+    _with_remote(project, tmp_path_factory.mktemp("store"))
+    with _blind(project.root, tmp_path_factory.mktemp("cluster"), 2, 1) as address:
+        spec = project.root / "configs/pipeline.yaml"
+        spec.write_text(spec.read_text().replace(
+            '  # remote: {kind: dask, address: "tcp://scheduler:8786"}   # an existing Dask cluster',
+            f'  remote: {{kind: dask, address: "{address}"}}'))
+        with Client(address) as client:
+            before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+        run = project.conveyor("run", "--profile", "cpu=remote", "--profile", "gpu=remote")
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        stages = project.record()["stages"]
+        assert {n: s["profile"] for n, s in stages.items()} == {
+            "ingest": "io", "preprocess": "remote", "train_xgb": "remote", "train_mlp": "local",
+            "stack": "local", "evaluate": "local"}
+        assert json.loads((project.root / "metrics/test.json").read_text())["stack"]["auc"] >= 0.97
+        assert json.loads((project.root / "metrics/train_xgb.json").read_text())["n_workers"] == 2
+        assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+        with Client(address) as client:
+            after = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+            assert after - before > 100
+            assert _scratch_left(client) == []
+    assert not project.left_running()

@@ -35,13 +35,19 @@ class RemoteStore:
     fs_class: type
     path: str  # the remote's root on that filesystem
     options: Mapping[str, Any] = field(default_factory=dict)
+    # how a worker puts a dep into its scratch directory: the project's ``cache.type``, as DVC links
+    # its cache into a workspace (default: a reflink where the filesystem can, else a copy)
+    links: tuple[str, ...] = ()
 
-    def odb(self) -> HashFileDB:
-        """The remote's object store (DVC 3's layout: ``files/md5`` under the root)."""
+    def odb(self, state: Any = None) -> HashFileDB:
+        """The remote's object store (DVC 3's layout: ``files/md5`` under the root); ``state``: DVC's
+        cache of the hashes of local files (a repository's ``repo.state``), None for none."""
         from dvc_data.hashfile.db import get_odb
 
         fs = self.fs_class(**self.options)
-        odb: HashFileDB = get_odb(fs, fs.join(self.path, "files", "md5"), hash_name="md5")  # type: ignore[no-untyped-call]
+        known = {"state": state} if state is not None else {}
+        odb: HashFileDB = get_odb(fs, fs.join(self.path, "files", "md5"), hash_name="md5",  # type: ignore[no-untyped-call]
+                                  **known)
         return odb
 
 
@@ -58,17 +64,18 @@ def default_remote(root: Path) -> RemoteStore | None:
         return None
     fs_class, options, path = get_cloud_fs(config, name=name)
     return RemoteStore(name=name, url=str(config["remote"][name].get("url", path)), fs_class=fs_class,
-                       path=path, options=dict(options))
+                       path=path, options=dict(options), links=tuple(config["cache"].get("type") or ()))
 
 
-def push(store: RemoteStore, root: Path, rels: Iterable[str]) -> dict[str, str]:
+def push(store: RemoteStore, root: Path, rels: Iterable[str], state: Any = None) -> dict[str, str]:
     """Hash each path under ``root`` (file or directory) and store what the remote lacks; returns
-    each path's hash (DVC's value: a directory's ends in ``.dir``). A missing path is left out."""
+    each path's hash (DVC's value: a directory's ends in ``.dir``). A missing path is left out.
+    ``state``: DVC's cache of file hashes, so that a file DVC hashed already is not read again."""
     from dvc_data.hashfile.build import build
     from dvc_data.hashfile.transfer import transfer
     from dvc_objects.fs.local import LocalFileSystem
 
-    odb, fs = store.odb(), LocalFileSystem()  # type: ignore[no-untyped-call]
+    odb, fs = store.odb(state), LocalFileSystem()  # type: ignore[no-untyped-call]
     hashes: dict[str, str] = {}
     for rel in rels:
         path = root / rel
@@ -80,15 +87,19 @@ def push(store: RemoteStore, root: Path, rels: Iterable[str]) -> dict[str, str]:
     return hashes
 
 
-def materialise(store: RemoteStore, root: Path, hashes: Mapping[str, str]) -> None:
+def materialise(store: RemoteStore, root: Path, hashes: Mapping[str, str], *, linked: bool = False) -> None:
     """Check each path out of the remote under ``root`` by its hash (only these paths; written
-    beside the target, then renamed into place, so a path is whole or absent)."""
+    beside the target, then renamed into place, so a path is whole or absent). ``linked``: as the
+    project's ``cache.type`` says (a hardlink to the remote's read-only object, where the user chose
+    it for the cache), for a scratch directory's deps; else copies (reflinks where possible)."""
     from dvc_data.hashfile import load
     from dvc_data.hashfile.checkout import checkout
     from dvc_data.hashfile.hash_info import HashInfo
     from dvc_objects.fs.local import LocalFileSystem
 
     odb, fs = store.odb(), LocalFileSystem()  # type: ignore[no-untyped-call]
+    if linked and store.links:  # a copy last: a link across filesystems fails
+        odb.cache_types = list(dict.fromkeys([*store.links, "copy"]))
     for rel, value in hashes.items():
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)

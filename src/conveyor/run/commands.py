@@ -290,7 +290,7 @@ def on_worker(command: Command, token: str, topic: str, shipment: Shipment | Non
             finished, outs = run_in_scratch(
                 shipment, lambda scratch: run_here(command_in_scratch(command, shipment, scratch), batch.add,
                                                    token=token, budget=worker_budget(worker)),
-                succeeded=lambda done: done.returncode == 0)
+                lambda line: batch.add("err", line), succeeded=lambda done: done.returncode == 0)
         return replace(finished, outs=outs)
     finally:
         batch.close()

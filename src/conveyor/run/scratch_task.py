@@ -79,7 +79,8 @@ def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipmen
     ident = threading.get_ident()
     try:
         with stopped_when_released(lambda: raise_in(ident, Released)):
-            _, outs = run_in_scratch(shipment, lambda scratch: _call(fn, payload, shipment, scratch, logger))
+            _, outs = run_in_scratch(shipment, lambda scratch: _call(fn, payload, shipment, scratch, logger),
+                                     lambda line: batch.add("err", line))
         return outs
     finally:
         logger.removeHandler(handler)

@@ -106,7 +106,7 @@ class StageRunner:
         self._checkpoints: dict[str, checkpoints.Checkpoint] = {}  # the checkpoint of each running stage
         # the key of a stage's checkpoints hashes its deps: with conveyor's record, by the same memo
         self._hasher = record.hasher if isinstance(record, FingerprintRecord) else Hasher()
-        self.disks = Disks(project)  # whether each profile's workers see the project's disk
+        self.disks = Disks(project, record)  # whether each profile's workers see the project's disk
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -215,7 +215,7 @@ class StageRunner:
                  progress: StageProgress, log: StageLog) -> None:
         """Run the stage's command or task (``fn``: the task function; None for a deterministic task);
         where its workers do not see the project, in a scratch directory on one of them."""
-        shipment = self.disks.shipment(stage, resources)
+        shipment = self.disks.shipment(stage, resources, lambda line: log.line("log", line))
         with self._holding(stage, resources, progress) as hold:
             if self.project.pipeline.stages[stage].task is None:
                 self._command(stage, resources, log, hold, shipment)
@@ -335,7 +335,7 @@ class StageRunner:
         self._ship_code()
         outs = run_task_on_worker(resources.client, fn, self._payload(stage, resources), shipment, self._sink(log),
                                   hold.workers if hold else None)
-        self.disks.receive(shipment, outs)
+        self.disks.receive(shipment, outs, lambda line: log.line("log", line))
 
     def _payload(self, stage: str, resources: Resources) -> Payload:
         """The picklable part of the task's StageContext."""
@@ -389,5 +389,5 @@ class StageRunner:
         if finished.returncode != 0:
             raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
         if shipment is not None:
-            self.disks.receive(shipment, finished.outs)
+            self.disks.receive(shipment, finished.outs, lambda line: log.line("log", line))
 

@@ -25,6 +25,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from conveyor.spec.project import Project
 
 T = TypeVar("T")
+Say = Callable[[str], None]  # a line for the stage's log
 PROBE_TIMEOUT_S = 30.0
 RELEASE_POLL_S = 0.5  # how often a stage on a worker looks whether the runner still wants it
 SCRATCH_PREFIX = "conveyor-scratch-"
@@ -102,15 +104,19 @@ class Disks:
     """For one run: which profiles' workers share the project's disk (probed once per profile),
     and the shipments of the stages on those that do not."""
 
-    def __init__(self, project: Project) -> None:
+    def __init__(self, project: Project, record: object = None) -> None:
+        """``record``: the run's; where it is DVC's, its cache of file hashes spares reading a dep again."""
         self.project = project
+        repo = getattr(getattr(record, "inner", record), "repo", None)  # a ForcedRecord wraps DVC's
+        self._hashes = getattr(repo, "state", None)
         self._shared: dict[str, bool] = {}
         self._lock = threading.Lock()
         self._store: RemoteStore | None = None
 
-    def shipment(self, stage: str, resources: Resources) -> Shipment | None:
+    def shipment(self, stage: str, resources: Resources, say: Say) -> Shipment | None:
         """None where the stage's workers see the project (or there are none); else its deps,
-        stored in the remote now. Raises :class:`NoSharedDisk` when there is no remote."""
+        stored in the remote now (``say`` hears how long that took). Raises :class:`NoSharedDisk`
+        when there is no remote."""
         if resources.client is None or not (resources.external or resources.ended is not None):
             return None  # a cluster conveyor started here sees what the runner sees
         with self._lock:
@@ -127,7 +133,8 @@ class Disks:
             store = self._store
         from conveyor.dvc.remote import push
 
-        deps = push(store, self.project.root, self._deps(stage))
+        with timed(say, f"deps stored in DVC remote '{store.name}' ({store.url})"):
+            deps = push(store, self.project.root, self._deps(stage), self._hashes)
         return Shipment(store, str(self.project.root), deps, self.project.pipeline.stages[stage].written)
 
     def _deps(self, stage: str) -> list[str]:
@@ -141,11 +148,12 @@ class Disks:
             rels.append(params.relative_to(self.project.root).as_posix())
         return rels
 
-    def receive(self, shipment: Shipment, outs: Mapping[str, str]) -> None:
+    def receive(self, shipment: Shipment, outs: Mapping[str, str], say: Say) -> None:
         """The outs the worker stored, checked out into place in the project."""
         from conveyor.dvc.remote import materialise
 
-        materialise(shipment.store, self.project.root, outs)
+        with timed(say, "outs checked out of the remote"):
+            materialise(shipment.store, self.project.root, outs)
 
 
 def moved(text: str, shipment: Shipment, scratch: Path) -> str:
@@ -163,18 +171,42 @@ def command_in_scratch(command: Command, shipment: Shipment, scratch: Path) -> C
     return replace(command, cwd=moved(command.cwd, shipment, scratch), env=env)
 
 
-def run_in_scratch(shipment: Shipment, work: Callable[[Path], T],
+def scratch_parent() -> str | None:
+    """Where scratch directories go: the worker's own directory (``dask worker --local-directory``),
+    which Dask removes when the worker closes and purges when a killed worker's is found; else
+    the system's temporary directory."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().local_directory)
+    except ValueError:  # not in a worker
+        return None
+
+
+@contextmanager
+def timed(say: Say, what: str) -> Iterator[None]:
+    """``say`` how long the block took (what moving the data costs, in the stage's log)."""
+    began = time.monotonic()
+    yield
+    say(f"{what} in {time.monotonic() - began:.1f}s")
+
+
+def run_in_scratch(shipment: Shipment, work: Callable[[Path], T], say: Say,
                    succeeded: Callable[[T], bool] = lambda _result: True) -> tuple[T, dict[str, str]]:
     """On a worker: a scratch directory holding the stage's deps, ``work(scratch)`` there, then
     its outs stored in the remote (only when it ``succeeded``); returns its result and the outs'
     hashes. The directory is removed in every case, an exception or a cancel included."""
     from conveyor.dvc.remote import materialise, push
 
-    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent()))
     try:
-        materialise(shipment.store, scratch, shipment.deps)
+        with timed(say, f"deps checked out into {scratch} on the worker"):
+            materialise(shipment.store, scratch, shipment.deps, linked=True)
         result = work(scratch)
-        return result, push(shipment.store, scratch, shipment.outs) if succeeded(result) else {}
+        if not succeeded(result):
+            return result, {}
+        with timed(say, "outs stored in the remote from the worker"):
+            return result, push(shipment.store, scratch, shipment.outs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
