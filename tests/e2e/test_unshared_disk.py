@@ -227,6 +227,7 @@ def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Proj
     logs = project.root / ".conveyor/logs" / project.record()["run_id"]
     assert "doubled in" in (logs / "double.log").read_text()
     assert "squared 42 on the cluster" in (logs / "square.log").read_text()
+    assert "deps stored in DVC remote 'store'" in (logs / "square.log").read_text()
 
     # recorded as a local run records: dvc.lock and the cache agree with the workspace
     assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
@@ -327,6 +328,9 @@ def test_reference_pipeline_on_a_cluster_without_the_projects_disk(
             "stack": "local", "evaluate": "local"}
         assert json.loads((project.root / "metrics/test.json").read_text())["stack"]["auc"] >= 0.97
         assert json.loads((project.root / "metrics/train_xgb.json").read_text())["n_workers"] == 2
+        logs = project.root / ".conveyor/logs" / project.record()["run_id"]
+        for stage in ("preprocess", "train_xgb"):  # the data moved through the remote
+            assert "deps checked out into" in (logs / f"{stage}.log").read_text()
         assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
         with Client(address) as client:
             after = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
