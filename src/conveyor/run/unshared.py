@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Say = Callable[[str], None]  # a line for the stage's log
-PROBE_TIMEOUT_S = 30.0
+PROBE_STEP_S = 1.0  # the probe waits for a first worker in steps this long
 RELEASE_POLL_S = 0.5  # how often a stage on a worker looks whether the runner still wants it
 SCRATCH_PREFIX = "conveyor-scratch-"
 
@@ -83,17 +83,19 @@ def read_marker(path: str, token: str) -> bool:
 
 
 def shares_disk(client: Client, root: Path) -> bool:
-    """Whether every worker of ``client`` reads a marker file written now under ``root`` (no worker
-    yet: waits for one up to :data:`PROBE_TIMEOUT_S`, then assumes it does: the run's no-worker
-    watch says the rest)."""
+    """Whether every worker of ``client`` reads a marker file written now under ``root``. With no
+    worker yet (a batch job in the queue), it waits in short steps: the stage's no-worker watch
+    (:class:`conveyor.run.workers.WorkerWatch`) bounds that, and Ctrl-C lands between them."""
     token = secrets.token_hex(16)
     marker = state_dir(root) / f"probe-{token[:12]}"
     marker.write_text(token, encoding="utf-8")
     try:
-        try:
-            client.wait_for_workers(1, timeout=PROBE_TIMEOUT_S)
-        except TimeoutError:
-            return True
+        while True:
+            try:
+                client.wait_for_workers(1, timeout=PROBE_STEP_S)
+                break
+            except TimeoutError:
+                continue
         seen = client.run(read_marker, str(marker), token, on_error="return")
         return all(answer is True for answer in seen.values())
     finally:
@@ -110,6 +112,7 @@ class Disks:
         repo = getattr(getattr(record, "inner", record), "repo", None)  # a ForcedRecord wraps DVC's
         self._hashes = getattr(repo, "state", None)
         self._shared: dict[str, bool] = {}
+        self._locks: dict[str, threading.Lock] = {}  # one per profile: a probe that waits holds up no other
         self._lock = threading.Lock()
         self._store: RemoteStore | None = None
 
@@ -120,22 +123,29 @@ class Disks:
         if resources.client is None or not (resources.external or resources.ended is not None):
             return None  # a cluster conveyor started here sees what the runner sees
         with self._lock:
+            lock = self._locks.setdefault(resources.profile, threading.Lock())
+        with lock:
             if resources.profile not in self._shared:
-                self._shared[resources.profile] = shares_disk(resources.client, self.project.root)
-                if not self._shared[resources.profile]:
-                    from conveyor.dvc.remote import default_remote
-
-                    self._store = default_remote(self.project.root)
+                shared = shares_disk(resources.client, self.project.root)
+                with self._lock:
+                    self._shared[resources.profile] = shared
+                    if not shared and self._store is None:
+                        self._store = self._remote()
             if self._shared[resources.profile]:
                 return None
-            if self._store is None:
-                raise NoSharedDisk(resources.profile, self.project.root)
             store = self._store
+        if store is None:
+            raise NoSharedDisk(resources.profile, self.project.root)
         from conveyor.dvc.remote import push
 
         with timed(say, f"deps stored in DVC remote '{store.name}' ({store.url})"):
             deps = push(store, self.project.root, self._deps(stage), self._hashes)
         return Shipment(store, str(self.project.root), deps, self.project.pipeline.stages[stage].written)
+
+    def _remote(self) -> RemoteStore | None:
+        from conveyor.dvc.remote import default_remote
+
+        return default_remote(self.project.root)
 
     def _deps(self, stage: str) -> list[str]:
         """What the stage reads: its deps, the params file (a command may read it), persisted outs."""
