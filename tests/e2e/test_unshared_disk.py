@@ -65,6 +65,9 @@ print(f"doubled in {Path.cwd()}", flush=True)
 if sys.argv[3] == "1":
     print("hanging", flush=True)
     time.sleep(600)
+if sys.argv[3] == "2":
+    print("double: bad input, giving up", file=sys.stderr)
+    sys.exit(3)
 '''
 
 SPEC = """
@@ -278,6 +281,23 @@ def test_kill_9_of_the_runner_stops_the_command_on_the_worker_and_keeps_the_prev
     assert run.returncode == 0, run.stdout + run.stderr
     assert (project.root / "data/square/nested/value.txt").read_text() == "100\n"
     assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    _nothing_left(address)
+
+
+@pytest.mark.slow
+def test_a_command_failing_on_the_worker_keeps_the_previous_outs_and_sends_nothing_back(
+        blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    _write(project, address)
+    _with_remote(project, tmp_path / "store")
+    assert project.conveyor("run").returncode == 0
+    project.write("params.yaml", PARAMS.format(value=5, double=2, square=0))
+    run = project.conveyor("run")
+    said = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode == 1, said
+    assert "stage 'double' failed: command exited with status 3; last lines of stderr: double: bad input" in said
+    assert (project.root / "data/double.txt").read_text() == "42\n"
+    assert json.loads(_sh(project, "dvc", "status", "--json").stdout).keys() == {"double"}  # its params changed
     _nothing_left(address)
 
 

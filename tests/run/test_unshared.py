@@ -6,12 +6,14 @@ tests/e2e/test_unshared_disk.py."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conveyor.dvc.remote import default_remote, materialise, push
+from conveyor.errors import RemoteDataError
 from conveyor.run.commands import Command
 from conveyor.run.unshared import SCRATCH_PREFIX, Shipment, command_in_scratch, run_in_scratch
 
@@ -59,6 +61,24 @@ def test_files_and_directories_go_through_the_remote_by_dvcs_hashes(tmp_path: Pa
     assert (elsewhere / "data/f.txt").read_text() == "hello\n"
     assert (elsewhere / "data/d/sub/b.txt").read_text() == "b\n"
     assert sorted(p.name for p in (elsewhere / "data").iterdir()) == ["d", "f.txt"]  # no draft left
+
+
+def test_a_remote_out_of_reach_says_what_to_configure_and_the_error_travels_back_from_a_worker(
+        tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    _repo(root, tmp_path / "store")
+    (root / "f.txt").write_text("hello\n")
+    remote = default_remote(root)
+    assert remote is not None
+    hashes = push(remote, root, ["f.txt"])
+    (tmp_path / "store").rename(tmp_path / "moved")  # as a worker that does not mount it sees it
+    with pytest.raises(RemoteDataError) as caught:
+        materialise(remote, tmp_path / "elsewhere", hashes)
+    expected = (f"checking f.txt out of DVC remote 'store' ({tmp_path / 'store'}) failed: CheckoutError: "
+                "Checkout failed; the runner and the workers both need to reach it")
+    assert str(caught.value).startswith(expected)
+    assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
+    assert not (tmp_path / "elsewhere/f.txt").exists()
 
 
 def test_a_scratch_directory_gets_the_deps_and_is_gone_even_when_the_stage_raises(tmp_path: Path) -> None:

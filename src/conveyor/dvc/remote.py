@@ -14,10 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from conveyor.errors import RemoteDataError
 
 if TYPE_CHECKING:
     from dvc_data.hashfile.db import HashFileDB
@@ -81,8 +84,9 @@ def push(store: RemoteStore, root: Path, rels: Iterable[str], state: Any = None)
         path = root / rel
         if not path.exists():
             continue
-        staging, _meta, obj = build(odb, str(path), fs, "md5")
-        transfer(staging, odb, {obj.hash_info}, shallow=False, hardlink=False)
+        with _reaching(store, f"storing {rel} in"):
+            staging, _meta, obj = build(odb, str(path), fs, "md5")
+            transfer(staging, odb, {obj.hash_info}, shallow=False, hardlink=False)
         hashes[rel] = str(obj.hash_info.value)
     return hashes
 
@@ -105,11 +109,23 @@ def materialise(store: RemoteStore, root: Path, hashes: Mapping[str, str], *, li
         target.parent.mkdir(parents=True, exist_ok=True)
         draft = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.fetching")
         try:
-            obj = load(odb, HashInfo("md5", value))
-            checkout(str(draft), fs, obj, cache=odb, quiet=True)
+            with _reaching(store, f"checking {rel} out of"):
+                obj = load(odb, HashInfo("md5", value))
+                checkout(str(draft), fs, obj, cache=odb, quiet=True)
             _replace(draft, target)
         finally:
             _remove(draft)
+
+
+@contextmanager
+def _reaching(store: RemoteStore, doing: str) -> Iterator[None]:
+    """DVC's errors on the way to or from the remote, as one that says what to configure."""
+    from dvc_data.hashfile.checkout import CheckoutError
+
+    try:
+        yield
+    except (OSError, CheckoutError) as exc:
+        raise RemoteDataError(store.name, store.url, doing, f"{type(exc).__name__}: {exc}") from exc
 
 
 def _replace(draft: Path, target: Path) -> None:
