@@ -108,6 +108,8 @@ def _call(fn: Callable[[StageContext], None], payload: Payload, shipment: Shipme
         )
         for path in [*ctx.outs.values(), *ctx.metrics.values()]:
             path.parent.mkdir(parents=True, exist_ok=True)
+        assert ctx.checkpoint_dir is not None
+        ctx.checkpoint_dir.mkdir()  # there, as in the runner; it goes with the scratch directory
         fn(ctx)
 
 
