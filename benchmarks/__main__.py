@@ -20,7 +20,7 @@ from benchmarks.compute import (
     torch_ddp,
     xgboost_dask,
 )
-from benchmarks.dvc import dvc_repro, scale, sweep
+from benchmarks.dvc import dvc_repro, scale, sweep, unshared_disk
 from benchmarks.overhead import chain, edit_run, noop, parallel_branches, reference, search
 from benchmarks.serve import predict_batch, serve_latency
 
@@ -28,7 +28,7 @@ BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, par
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
                                                           xgboost_dask, torch_ddp, memory_cap, deterministic, scale,
-                                                          edit_run, search)}
+                                                          edit_run, search, unshared_disk)}
 
 
 def _log(line: str) -> None:

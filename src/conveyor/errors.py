@@ -169,6 +169,20 @@ class DamagedFileError(ConveyorError, ValueError):
         return redact(f"{self.path} is damaged: {self.reason}: write it again")  # a path may be a URL
 
 
+class RemoteDataError(ConveyorError, RuntimeError):
+    """Moving a stage's data through the DVC remote failed (a stage on workers without the project's
+    disk): the remote is out of reach of one side (a path the workers do not mount, a bucket without
+    their credentials), or a disk on the way is full. Travels back from a Dask worker (pickles)."""
+
+    def __init__(self, remote: str, url: str, doing: str, detail: str) -> None:
+        super().__init__(remote, url, doing, detail)
+        self.remote, self.url, self.doing, self.detail = remote, url, doing, detail
+
+    def __str__(self) -> str:
+        return redact(f"{self.doing} DVC remote '{self.remote}' ({self.url}) failed: {self.detail}; the runner and "
+                      "the workers both need to reach it (a folder both mount, a bucket both have credentials for)")
+
+
 class DamagedCacheError(ConveyorError, RuntimeError):
     """What DVC's cache restored for a stage does not hash to what DVC recorded for it: a cache
     object damaged on disk, which DVC trusts without reading. Not a failure: the stage runs instead.

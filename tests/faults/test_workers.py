@@ -363,6 +363,22 @@ def test_a_cluster_that_loses_every_worker_fails_its_stages_within_the_bound(clu
     assert project.left_running() == []  # the killed worker's command went with it
 
 
+def test_a_cluster_with_no_worker_yet_fails_its_first_stage_within_the_bound(cluster: Cluster) -> None:
+    """The check that the workers see the project's disk waits for a first worker: the bound ends
+    that wait as it ends a stage's (and the check's marker file is gone)."""
+    project, bound = cluster.project, 3
+    project.write("configs/pipeline.yaml", GONE.format(address=cluster.address, bound=bound, task="",
+                                                       command="echo new > data/command.txt"))
+    run = project.popen("run")
+    output = finish(run, timeout_s=bound + 60)
+    assert run.returncode == 1, output
+    assert "Traceback" not in output
+    assert (f"the Dask scheduler at {cluster.address} (profile 'remote') has had no workers for {bound}s "
+            "(no_workers_timeout_s)") in project.record()["stages"]["command"]["error"]
+    assert (project.root / "data/command.txt").read_text() == "old"
+    assert not list((project.root / ".conveyor").glob("probe-*"))
+
+
 def test_a_worker_back_within_the_bound_lets_the_stage_go_on(cluster: Cluster) -> None:
     project = cluster.project
     second_time = ("if [ -e command.started ]; then echo new > data/command.txt; "

@@ -37,6 +37,8 @@ from conveyor.run.tree_memory import CommandOverMemory, MemoryBudget, tree_rss, 
 if TYPE_CHECKING:
     from distributed import Client
 
+    from conveyor.run.unshared import Shipment
+
 GUARD = Path(__file__).with_name("guard.py")
 TAIL_LINES = 20  # of stderr, shown when a command fails
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL of a command's group
@@ -64,6 +66,7 @@ class Finished:
 
     returncode: int
     stderr_tail: tuple[str, ...]
+    outs: Mapping[str, str] = field(default_factory=dict)  # run in a scratch directory: the outs' hashes in the remote
 
 
 class CommandFailed(StageError):
@@ -231,9 +234,10 @@ def _reader(stream: IO[bytes] | None, name: str, sink: Sink, tail: collections.d
 
 
 def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequence[str] | None = None,
-                  resources: Mapping[str, float] | None = None) -> Finished:
+                  resources: Mapping[str, float] | None = None, shipment: Shipment | None = None) -> Finished:
     """Run ``command`` inside a Dask task on one of ``client``'s workers (of ``workers``, when given,
-    asking Dask for ``resources``); its lines come to ``sink``.
+    asking Dask for ``resources``); its lines come to ``sink``. With a ``shipment``, the worker
+    does not see the project: it runs in a scratch directory (:mod:`conveyor.run.unshared`).
 
     Interrupted (Ctrl-C, a stage timeout), the command's process group on the worker is
     killed before this returns.
@@ -251,7 +255,7 @@ def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequenc
             sink(stream, line)
 
     client.subscribe_topic(topic, receive)
-    future = client.submit(on_worker, command, token, topic, key=f"conveyor-cmd-{command.stage}-{token}",
+    future = client.submit(on_worker, command, token, topic, shipment, key=f"conveyor-cmd-{command.stage}-{token}",
                            pure=False, retries=0, workers=list(workers) if workers else None,
                            allow_other_workers=False, resources=dict(resources) if resources else None)
     done = threading.Event()
@@ -269,14 +273,25 @@ def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequenc
         client.unsubscribe_topic(topic)
 
 
-def on_worker(command: Command, token: str, topic: str) -> Finished:
+def on_worker(command: Command, token: str, topic: str, shipment: Shipment | None = None) -> Finished:
     """The Dask task: run the command next to the worker, sending its lines in batches."""
+    from dataclasses import replace
+
     from distributed import get_worker
+
+    from conveyor.run.unshared import command_in_scratch, run_in_scratch, stopped_when_released
 
     worker = get_worker()
     batch = _Batch(lambda lines: worker.log_event(topic, lines))
     try:
-        return run_here(command, batch.add, token=token, budget=worker_budget(worker))
+        if shipment is None:
+            return run_here(command, batch.add, token=token, budget=worker_budget(worker))
+        with stopped_when_released(lambda: cancel_on_worker(token)):
+            finished, outs = run_in_scratch(
+                shipment, lambda scratch: run_here(command_in_scratch(command, shipment, scratch), batch.add,
+                                                   token=token, budget=worker_budget(worker)),
+                lambda line: batch.add("err", line), succeeded=lambda done: done.returncode == 0)
+        return replace(finished, outs=outs)
     finally:
         batch.close()
         worker.log_event(topic, None)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -210,3 +211,21 @@ def _pick(stage: str, paths: Mapping[str, Path], names: Mapping[str, str], name:
 def _listing(paths: Mapping[str, Path], names: Mapping[str, str]) -> str:
     named = {path: name for name, path in names.items()}
     return ", ".join(f"{named[p]}: {p}" if p in named else p for p in paths) or "none"
+
+
+@contextmanager
+def current_client(client: Any) -> Iterator[None]:
+    """Make ``client`` the one dask computes on, in this stage's thread only.
+
+    ``Client.as_current()`` would also set dask's process-wide ``scheduler`` config and
+    restore it on exit; stages running at once exit in any order and would leave it
+    wrong for the rest of the process. The context-local client alone is enough:
+    with no ``scheduler`` configured, dask asks ``distributed.get_client()``, which returns it.
+    """
+    from distributed.client import _current_client  # the contextvar behind Client.current()
+
+    token = _current_client.set(client)
+    try:
+        yield
+    finally:
+        _current_client.reset(token)

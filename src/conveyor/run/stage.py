@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from conveyor.errors import DamagedCacheError, MissingOutputError, StageError
 from conveyor.plan.fingerprint import FingerprintRecord, Hasher, Record
 from conveyor.run import checkpoints, environment, resume, workers
 from conveyor.run.commands import Command, CommandFailed, Sink, run_here, run_on_worker
-from conveyor.run.context import StageContext, StageProgress
+from conveyor.run.context import StageContext, StageProgress, current_client
 from conveyor.run.determinism import pinned_environ
 from conveyor.run.failures import failure_detail, short_error
 from conveyor.run.held import Hold, Holdings, holding
@@ -35,6 +35,7 @@ from conveyor.run.profiles import Profiles, Resources
 from conveyor.run.record import INPUTS_CHANGED, RunRecord, now
 from conveyor.run.schedule import Outcome
 from conveyor.run.tree_memory import CommandOverMemory
+from conveyor.run.unshared import Disks, Shipment
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
 from conveyor.spec.project import Project, ensure_importable
 
@@ -105,6 +106,7 @@ class StageRunner:
         self._checkpoints: dict[str, checkpoints.Checkpoint] = {}  # the checkpoint of each running stage
         # the key of a stage's checkpoints hashes its deps: with conveyor's record, by the same memo
         self._hasher = record.hasher if isinstance(record, FingerprintRecord) else Hasher()
+        self.disks = Disks(project, record)  # whether each profile's workers see the project's disk
 
     def __call__(self, stage: str) -> Outcome:
         spec = self.project.pipeline.stages[stage]
@@ -211,12 +213,16 @@ class StageRunner:
 
     def _execute(self, stage: str, fn: Callable[[StageContext], None] | None, resources: Resources,
                  progress: StageProgress, log: StageLog) -> None:
-        """Run the stage's command or task (``fn``: the task function; None for a deterministic task)."""
+        """Run the stage's command or task (``fn``: the task function; None for a deterministic task);
+        where its workers do not see the project, in a scratch directory on one of them."""
+        shipment = self.disks.shipment(stage, resources, lambda line: log.line("log", line))
         with self._holding(stage, resources, progress) as hold:
             if self.project.pipeline.stages[stage].task is None:
-                self._command(stage, resources, log, hold)
+                self._command(stage, resources, log, hold, shipment)
             elif fn is None:  # deterministic: its libraries must load with the pins, in a process of its own
                 self._isolated(stage, resources, progress, log)
+            elif shipment is not None:
+                self._call_away(fn, stage, resources, log, hold, shipment)
             else:
                 self._call(fn, stage, resources, progress, stage_logger(stage), hold)
 
@@ -313,19 +319,34 @@ class StageRunner:
 
     def _isolated(self, stage: str, resources: Resources, progress: StageProgress, log: StageLog) -> None:
         """A deterministic task: run in a child process started with the pinned environment."""
-        root, spec = self.project.root, self.project.pipeline.stages[stage]
+        spec = self.project.pipeline.stages[stage]
         if resources.client is not None or spec.task is None:
             raise StageError(stage, f"deterministic: true runs a task in a process of its own, without the "
                              f"Dask workers of profile '{resources.profile}': run it without 'on:'")
-        payload = Payload(
-            task=spec.task, stage=stage, root=str(root), params=dict(self.project.stage_params(stage)),
+        run_isolated(self._payload(stage, resources), env=self._environ(stage), timeout_s=spec.timeout_s,
+                     progress=progress, sink=self._sink(log))
+
+    def _call_away(self, fn: Callable[[StageContext], None], stage: str, resources: Resources, log: StageLog,
+                   hold: Hold | None, shipment: Shipment) -> None:
+        """A task on a worker that does not see the project (:mod:`conveyor.run.scratch_task`)."""
+        from conveyor.run.scratch_task import run_task_on_worker
+
+        assert resources.client is not None
+        self._ship_code()
+        outs = run_task_on_worker(resources.client, fn, self._payload(stage, resources), shipment, self._sink(log),
+                                  hold.workers if hold else None)
+        self.disks.receive(shipment, outs, lambda line: log.line("log", line))
+
+    def _payload(self, stage: str, resources: Resources) -> Payload:
+        """The picklable part of the task's StageContext."""
+        root, spec = self.project.root, self.project.pipeline.stages[stage]
+        return Payload(
+            task=spec.task or "", stage=stage, root=str(root), params=dict(self.project.stage_params(stage)),
             deps={d: str(p) for d, p in stage_deps(self.project, stage).items()},
             outs={o: str(root / o) for o in spec.outs}, metrics={m: str(root / m) for m in spec.metrics},
             names=dict(spec.names), item=self.project.item_of(stage), needed=needed_items(self.project, stage),
             threads=resources.n_workers if resources.executor is not None else 0,
         )
-        run_isolated(payload, env=self._environ(stage), timeout_s=spec.timeout_s, progress=progress,
-                     sink=self._sink(log))
 
     def _environ(self, stage: str) -> dict[str, str]:
         """What a stage's process gets over the runner's environment (a command's, or an isolated task's)."""
@@ -346,7 +367,8 @@ class StageRunner:
 
         return sink
 
-    def _command(self, stage: str, resources: Resources, log: StageLog, hold: Hold | None) -> None:
+    def _command(self, stage: str, resources: Resources, log: StageLog, hold: Hold | None,
+                 shipment: Shipment | None) -> None:
         spec = self.project.pipeline.stages[stage]
         env = self._environ(stage)
         shell: tuple[str, ...] = ("/bin/sh", "-c")
@@ -359,28 +381,13 @@ class StageRunner:
         if resources.client is not None:
             try:
                 finished = run_on_worker(resources.client, command, sink, hold.workers if hold else None,
-                                         spec.resources)
+                                         spec.resources, shipment)
             except CommandOverMemory as exc:  # in the words a task past memory_limit gets
                 raise StageError(stage, workers.over_memory(exc, resources)) from None
         else:
             finished = run_here(command, sink)
         if finished.returncode != 0:
             raise CommandFailed(stage, finished.returncode, finished.stderr_tail)
+        if shipment is not None:
+            self.disks.receive(shipment, finished.outs, lambda line: log.line("log", line))
 
-
-@contextmanager
-def current_client(client: Any) -> Iterator[None]:
-    """Make ``client`` the one dask computes on, in this stage's thread only.
-
-    ``Client.as_current()`` would also set dask's process-wide ``scheduler`` config and
-    restore it on exit; stages running at once exit in any order and would leave it
-    wrong for the rest of the process. The context-local client alone is enough:
-    with no ``scheduler`` configured, dask asks ``distributed.get_client()``, which returns it.
-    """
-    from distributed.client import _current_client  # the contextvar behind Client.current()
-
-    token = _current_client.set(client)
-    try:
-        yield
-    finally:
-        _current_client.reset(token)

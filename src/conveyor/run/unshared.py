@@ -1,0 +1,256 @@
+"""Stages on Dask workers that do not see the project's disk: data moves through the DVC remote.
+
+Before the first stage on a cluster conveyor did not start (``address:``, Slurm), a probe asks
+every worker to read a marker file just written under the project root with a fresh random
+token (:func:`shares_disk`). Where one cannot, the profile does not share the project's disk:
+without a DVC remote the stage fails at once, saying so and what to configure
+(:class:`NoSharedDisk`); with one, each stage on it runs in a scratch directory on its worker:
+
+1. the runner stores the stage's deps in the remote by hash (only what it declares; what the
+   remote has already is not sent again) and sends the hashes with the stage;
+2. on the worker, the deps are checked out of the remote into a fresh scratch directory, the
+   command or task runs there as it would in the project, and its outs go into the remote by
+   hash; the scratch directory is removed in every case (:func:`in_scratch`);
+3. the runner checks the outs out of the remote into place (a draft renamed in), where the
+   journal and the record take them up as the outs of a local run.
+
+The hashing and the transfers are DVC's own (:mod:`conveyor.dvc.remote`), so what a worker
+wrote is in the remote as ``dvc push`` would have put it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from conveyor.errors import ProfileError
+from conveyor.workspace import state_dir
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from conveyor.dvc.remote import RemoteStore
+    from conveyor.run.commands import Command
+    from conveyor.run.profiles import Resources
+    from conveyor.spec.project import Project
+
+T = TypeVar("T")
+Say = Callable[[str], None]  # a line for the stage's log
+PROBE_STEP_S = 1.0  # the probe waits for a first worker in steps this long
+RELEASE_POLL_S = 0.5  # how often a stage on a worker looks whether the runner still wants it
+SCRATCH_PREFIX = "conveyor-scratch-"
+
+
+class NoSharedDisk(ProfileError):
+    """The workers of a profile do not see the project's directory and the project has no DVC remote."""
+
+    def __init__(self, profile: str, root: Path) -> None:
+        super().__init__(f"the Dask workers of profile '{profile}' do not see the project's directory "
+                         f"{root}: give them a shared disk mounted at that path, or a DVC remote for the data "
+                         f"to move through (dvc remote add -d NAME URL, a path or bucket both sides reach)")
+        self.profile, self.root = profile, root
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.profile, self.root))
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What travels with a stage to a worker without the project's disk: where the remote is,
+    the stage's deps by hash, and the outs to send back."""
+
+    store: RemoteStore
+    root: str  # the project root in the runner: paths under it are rewritten to the scratch directory
+    deps: Mapping[str, str]  # declared path -> DVC hash
+    outs: tuple[str, ...]
+
+
+def read_marker(path: str, token: str) -> bool:
+    """On a worker: whether the marker at ``path`` is there and holds ``token``."""
+    try:
+        return Path(path).read_text(encoding="utf-8") == token
+    except OSError:
+        return False
+
+
+def shares_disk(client: Client, root: Path) -> bool:
+    """Whether every worker of ``client`` reads a marker file written now under ``root``. With no
+    worker yet (a batch job in the queue), it waits in short steps: the stage's no-worker watch
+    (:class:`conveyor.run.workers.WorkerWatch`) bounds that, and Ctrl-C lands between them."""
+    token = secrets.token_hex(16)
+    marker = state_dir(root) / f"probe-{token[:12]}"
+    marker.write_text(token, encoding="utf-8")
+    try:
+        while True:
+            try:
+                client.wait_for_workers(1, timeout=PROBE_STEP_S)
+                break
+            except TimeoutError:
+                continue
+        seen = client.run(read_marker, str(marker), token, on_error="return")
+        return all(answer is True for answer in seen.values())
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+class Disks:
+    """For one run: which profiles' workers share the project's disk (probed once per profile),
+    and the shipments of the stages on those that do not."""
+
+    def __init__(self, project: Project, record: object = None) -> None:
+        """``record``: the run's; where it is DVC's, its cache of file hashes spares reading a dep again."""
+        self.project = project
+        repo = getattr(getattr(record, "inner", record), "repo", None)  # a ForcedRecord wraps DVC's
+        self._hashes = getattr(repo, "state", None)
+        self._shared: dict[str, bool] = {}
+        self._locks: dict[str, threading.Lock] = {}  # one per profile: a probe that waits holds up no other
+        self._lock = threading.Lock()
+        self._store: RemoteStore | None = None
+
+    def shipment(self, stage: str, resources: Resources, say: Say) -> Shipment | None:
+        """None where the stage's workers see the project (or there are none); else its deps,
+        stored in the remote now (``say`` hears how long that took). Raises :class:`NoSharedDisk`
+        when there is no remote."""
+        if resources.client is None or not (resources.external or resources.ended is not None):
+            return None  # a cluster conveyor started here sees what the runner sees
+        with self._lock:
+            lock = self._locks.setdefault(resources.profile, threading.Lock())
+        with lock:
+            if resources.profile not in self._shared:
+                shared = shares_disk(resources.client, self.project.root)
+                with self._lock:
+                    self._shared[resources.profile] = shared
+                    if not shared and self._store is None:
+                        self._store = self._remote()
+            if self._shared[resources.profile]:
+                return None
+            store = self._store
+        if store is None:
+            raise NoSharedDisk(resources.profile, self.project.root)
+        from conveyor.dvc.remote import push
+
+        with timed(say, f"deps stored in DVC remote '{store.name}' ({store.url})"):
+            deps = push(store, self.project.root, self._deps(stage), self._hashes)
+        return Shipment(store, str(self.project.root), deps, self.project.pipeline.stages[stage].written)
+
+    def _remote(self) -> RemoteStore | None:
+        from conveyor.dvc.remote import default_remote
+
+        return default_remote(self.project.root)
+
+    def _deps(self, stage: str) -> list[str]:
+        """What the stage reads: its deps, the params file (a command may read it), persisted outs."""
+        from conveyor.plan.fingerprint import data_deps
+
+        spec = self.project.pipeline.stages[stage]
+        rels = list(dict.fromkeys([*spec.deps, *data_deps(self.project, stage), *sorted(spec.persist)]))
+        params = self.project.params_path
+        if spec.params and params.is_file() and params.is_relative_to(self.project.root):
+            rels.append(params.relative_to(self.project.root).as_posix())
+        return rels
+
+    def receive(self, shipment: Shipment, outs: Mapping[str, str], say: Say) -> None:
+        """The outs the worker stored, checked out into place in the project."""
+        from conveyor.dvc.remote import materialise
+
+        with timed(say, "outs checked out of the remote"):
+            materialise(shipment.store, self.project.root, outs)
+
+
+def moved(text: str, shipment: Shipment, scratch: Path) -> str:
+    """``text`` with the project root (a path, or the start of one) replaced by the scratch directory."""
+    root = shipment.root
+    if text == root or text.startswith(root + os.sep):
+        return str(scratch) + text[len(root):]
+    return text
+
+
+def command_in_scratch(command: Command, shipment: Shipment, scratch: Path) -> Command:
+    """The command as it runs in the scratch directory: its working directory and the variables
+    naming the project (``DVC_ROOT``, the checkpoint folder) moved there."""
+    env = {name: moved(value, shipment, scratch) for name, value in command.env.items()}
+    return replace(command, cwd=moved(command.cwd, shipment, scratch), env=env)
+
+
+def scratch_parent() -> str | None:
+    """Where scratch directories go: the worker's own directory (``dask worker --local-directory``),
+    which Dask removes when the worker closes and purges when a killed worker's is found; else
+    the system's temporary directory."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().local_directory)
+    except ValueError:  # not in a worker
+        return None
+
+
+@contextmanager
+def timed(say: Say, what: str) -> Iterator[None]:
+    """``say`` how long the block took (what moving the data costs, in the stage's log)."""
+    began = time.monotonic()
+    yield
+    say(f"{what} in {time.monotonic() - began:.1f}s")
+
+
+def run_in_scratch(shipment: Shipment, work: Callable[[Path], T], say: Say,
+                   succeeded: Callable[[T], bool] = lambda _result: True) -> tuple[T, dict[str, str]]:
+    """On a worker: a scratch directory holding the stage's deps, ``work(scratch)`` there, then
+    its outs stored in the remote (only when it ``succeeded``); returns its result and the outs'
+    hashes. The directory is removed in every case, an exception or a cancel included."""
+    from conveyor.dvc.remote import materialise, push
+
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent()))
+    try:
+        with timed(say, f"deps checked out into {scratch} on the worker"):
+            materialise(shipment.store, scratch, shipment.deps, linked=True)
+        result = work(scratch)
+        if not succeeded(result):
+            return result, {}
+        with timed(say, "outs stored in the remote from the worker"):
+            return result, push(shipment.store, scratch, shipment.outs)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Released(Exception):
+    """Raised into a task stage's thread on a worker once the runner no longer wants it (no arguments)."""
+
+
+@contextmanager
+def stopped_when_released(stop: Callable[[], object]) -> Iterator[None]:
+    """On a worker, around a stage: ``stop()`` once the scheduler no longer wants this Dask task.
+
+    Dask lets a task that is running go on when its client lets go of it: after Ctrl-C (the
+    runner cancels it) and after kill -9 of the runner (the scheduler drops a client whose
+    connection closed). Nothing else would end a command or a task there, nor remove its
+    scratch directory; this watch does, within :data:`RELEASE_POLL_S`.
+    """
+    from distributed import get_worker
+
+    worker = get_worker()
+    key = worker.get_current_task()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(RELEASE_POLL_S):
+            task = worker.state.tasks.get(key)
+            if task is None or task.state in ("cancelled", "released", "forgotten"):
+                stop()
+                return
+
+    watcher = threading.Thread(target=watch, name="conveyor-released", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
