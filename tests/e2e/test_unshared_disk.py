@@ -101,21 +101,24 @@ def _hidden(root: Path, argv: list[str]) -> list[str]:
 
 
 @contextmanager
-def _blind(root: Path, elsewhere: Path, workers: int, nthreads: int) -> Iterator[str]:
+def _blind(root: Path, elsewhere: Path, workers: int, nthreads: int, *, hidden: bool = True) -> Iterator[str]:
     """A scheduler and ``workers`` workers, each in a mount namespace of its own where ``root`` is an
-    empty folder, with no PYTHONPATH; their address. Stopped at the end."""
+    empty folder (unless not ``hidden``: then they share the disk), with no PYTHONPATH; their
+    address. Stopped at the end."""
     port = open_port("127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     argvs = [["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"]]
     argvs += [["dask", "worker", address, "--nthreads", str(nthreads), "--memory-limit", "2GiB", "--host",
                "127.0.0.1", "--dashboard-address", "127.0.0.1:0", "--name", f"blind{i}"] for i in range(workers)]
-    procs = [subprocess.Popen(_hidden(root, argv), cwd=elsewhere, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True) for argv in argvs]
+    procs = [subprocess.Popen(_hidden(root, argv) if hidden else argv, cwd=elsewhere, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+             for argv in argvs]
     try:
         with Client(address, timeout="60s") as client:
             client.wait_for_workers(workers, timeout=120)
-            assert set(map(tuple, client.run(os.listdir, str(root)).values())) == {()}  # an empty folder there
+            if hidden:
+                assert set(map(tuple, client.run(os.listdir, str(root)).values())) == {()}  # an empty folder there
         yield address
     finally:
         for proc in reversed(procs):  # workers first, then the scheduler
@@ -282,6 +285,27 @@ def test_kill_9_of_the_runner_stops_the_command_on_the_worker_and_keeps_the_prev
     assert (project.root / "data/square/nested/value.txt").read_text() == "100\n"
     assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
     _nothing_left(address)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_runner_stops_the_command_on_a_worker_that_shares_the_disk(
+        make_project: Callable[[], Project], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same on an existing cluster that sees the project: Dask lets a task go on when its client
+    is gone, so without conveyor's watch on the worker the command would outlive the run."""
+    project = make_project()
+    with _blind(project.root, tmp_path_factory.mktemp("cluster"), 1, 2, hidden=False) as address:
+        _write(project, address)
+        assert project.conveyor("run").returncode == 0
+        project.write("params.yaml", PARAMS.format(value=5, double=1, square=0))
+        proc = project.popen("run")
+        try:
+            _wait_for_line(project, "double", "hanging", proc)
+        finally:
+            proc.kill()
+            proc.communicate()
+        _nothing_left(address)
+        assert project.conveyor("status").returncode == 0  # settles the killed run, puts the outs back
+        assert (project.root / "data/double.txt").read_text() == "42\n"
 
 
 @pytest.mark.slow

@@ -283,10 +283,10 @@ def on_worker(command: Command, token: str, topic: str, shipment: Shipment | Non
 
     worker = get_worker()
     batch = _Batch(lambda lines: worker.log_event(topic, lines))
-    try:
-        if shipment is None:
-            return run_here(command, batch.add, token=token, budget=worker_budget(worker))
+    try:  # on every cluster: Dask lets a running task go on once its client is gone (kill -9 of the runner)
         with stopped_when_released(lambda: cancel_on_worker(token)):
+            if shipment is None:
+                return run_here(command, batch.add, token=token, budget=worker_budget(worker))
             finished, outs = run_in_scratch(
                 shipment, lambda scratch: run_here(command_in_scratch(command, shipment, scratch), batch.add,
                                                    token=token, budget=worker_budget(worker)),
