@@ -268,17 +268,7 @@ def test_kill_9_of_the_runner_stops_the_command_on_the_worker_and_keeps_the_prev
     project, address = blind_cluster
     _write(project, address)
     _with_remote(project, tmp_path / "store")
-    assert project.conveyor("run").returncode == 0
-    project.write("params.yaml", PARAMS.format(value=5, double=1, square=0))
-    proc = project.popen("run")
-    try:
-        _wait_for_line(project, "double", "hanging", proc)
-    finally:
-        proc.kill()
-        proc.communicate()
-    _nothing_left(address)
-    assert project.conveyor("status").returncode == 0  # settles the killed run
-    assert (project.root / "data/double.txt").read_text() == "42\n"
+    _killed_mid_command(project, address)
 
     project.write("params.yaml", PARAMS.format(value=5, double=0, square=0))
     run = project.conveyor("run")
@@ -296,17 +286,23 @@ def test_kill_9_of_the_runner_stops_the_command_on_a_worker_that_shares_the_disk
     project = make_project()
     with _blind(project.root, tmp_path_factory.mktemp("cluster"), 1, 2, hidden=False) as address:
         _write(project, address)
-        assert project.conveyor("run").returncode == 0
-        project.write("params.yaml", PARAMS.format(value=5, double=1, square=0))
-        proc = project.popen("run")
-        try:
-            _wait_for_line(project, "double", "hanging", proc)
-        finally:
-            proc.kill()
-            proc.communicate()
-        _nothing_left(address)
-        assert project.conveyor("status").returncode == 0  # settles the killed run, puts the outs back
-        assert (project.root / "data/double.txt").read_text() == "42\n"
+        _killed_mid_command(project, address)
+
+
+def _killed_mid_command(project: Project, address: str) -> None:
+    """A run killed -9 while ``double``'s command hangs on the worker: within seconds nothing of it
+    is left there, and the next command (status) puts double's previous outs back."""
+    assert project.conveyor("run").returncode == 0
+    project.write("params.yaml", PARAMS.format(value=5, double=1, square=0))
+    proc = project.popen("run")
+    try:
+        _wait_for_line(project, "double", "hanging", proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+    _nothing_left(address)
+    assert project.conveyor("status").returncode == 0  # settles the killed run
+    assert (project.root / "data/double.txt").read_text() == "42\n"
 
 
 @pytest.mark.slow
