@@ -56,6 +56,8 @@ KillWait=2
 MinJobAge=600
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# a partition whose limit a job can exceed and still be queued (EnforcePartLimits=NO, the default)
+PartitionName=short Nodes=$host MaxTime=1 State=UP
 CONF
 }
 
@@ -72,7 +74,7 @@ start() {
     slurmd -f "$SLURM_CONF" -N "$(hostname -s)"
     local i
     for i in $(seq 1 60); do  # the node registers within seconds; give it 30 s
-        if [[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]]; then
+        if [[ $(sinfo -h -N -p debug -o %t 2>/dev/null) == idle ]]; then
             echo "SLURM_CONF=$SLURM_CONF"
             return 0
         fi

@@ -11,6 +11,7 @@ for MinJobAge) and the job completion log (jobcomp/filetxt).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -232,5 +233,26 @@ def test_a_job_slurm_refuses_fails_its_stages_with_sbatchs_error(
         assert stage["status"] == "failed", stage
         assert ("profile 'hpc': Slurm took no job for its workers: sbatch: error: invalid partition specified: "
                 "no-such-partition") in stage["error"]
+    assert active_jobs(slurm) == []
+    assert project.left_running() == []
+
+
+def test_a_job_slurm_queues_but_will_never_start_fails_its_stages_at_once(
+        slurm_project: Callable[..., Project], slurm: dict[str, str]) -> None:
+    """A walltime over the partition's limit: Slurm takes the job and keeps it PENDING
+    (PartitionTimeLimit) for ever; the run fails within seconds, saying what to change, and
+    cancels the job."""
+    project = slurm_project(extra=", queue: short")  # its MaxTime is 1 minute, the profile asks for 5
+    t0 = time.monotonic()
+    done = project.conveyor("run", timeout=120)
+    took = time.monotonic() - t0
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Traceback" not in output
+    for stage in project.record()["stages"].values():  # Slurm 22 says PartitionConfig, others PartitionTimeLimit
+        assert stage["status"] == "failed", stage
+        assert re.search(r"\(conveyor-hpc\) is PENDING \(Partition(Config|TimeLimit)\) and will never start: .*"
+                         r"walltime.*00:05:00.* or pick another queue", stage["error"]), stage["error"]
+    assert took < 60, f"the run took {took:.0f}s"
     assert active_jobs(slurm) == []
     assert project.left_running() == []

@@ -23,6 +23,21 @@ from conveyor.spec.profiles import SlurmProfile
 # job states after which the job runs no worker again (squeue's long names)
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                    "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
+# reasons a job stays PENDING that no amount of waiting resolves: the request must change
+# (https://slurm.schedmd.com/job_reason_codes.html); "Resources", "Priority", limits reached: it waits
+NEVER_STARTS = {
+    "PartitionTimeLimit": "the profile's walltime ({walltime}) is over the partition's time limit: lower walltime "
+                          "or pick another queue",
+    "PartitionNodeLimit": "the job asks for more nodes than the partition allows: lower jobs' size or pick another "
+                          "queue",
+    "PartitionConfig": "the job asks for more than the partition allows (cores {cores}, memory {memory}, walltime "
+                       "{walltime}): lower them or pick another queue",
+    "BadConstraints": "no node meets the job's constraints (job_extra): change them",
+    "InvalidAccount": "the account ({account}) is not valid here: fix the profile's account",
+    "InvalidQOS": "the QOS is not valid here: fix the QOS in job_extra",
+    "AccountNotAllowed": "the account ({account}) may not use the partition: pick another queue or account",
+    "QOSNotAllowed": "the QOS may not use the partition: pick another queue or QOS",
+}
 SUBMIT_TIMEOUT_S = 60.0  # for sbatch to answer
 ASK_EVERY_S = 5.0  # how often squeue runs while a stage waits for workers: not a load on slurmctld
 _IMPORTING = threading.Lock()
@@ -131,12 +146,17 @@ class SlurmJobs:
         if not ids:
             return ""
         states = job_states(ids)
-        if states is None or any(state and state not in ENDED for state, _reason in states.values()):
+        if states is None or any(state and state not in ENDED and not _never_starts(state, reason)
+                                 for state, reason in states.values()):
             return ""
         return "; ".join(self._said(job, state, reason) for job, (state, reason) in states.items())
 
     def _said(self, job: str, state: str, reason: str) -> str:
         """One job's end as a line: Slurm's state and reason, and what the profile can change."""
+        if _never_starts(state, reason):
+            p = self.profile
+            fix = NEVER_STARTS[reason].format(walltime=p.walltime, cores=p.cores, memory=p.memory, account=p.account)
+            return f"Slurm job {job} (conveyor-{self.name}) is PENDING ({reason}) and will never start: {fix}"
         if not state:
             return f"Slurm job {job} (conveyor-{self.name}) ended over MinJobAge ago (squeue no longer lists it)"
         why = f" ({reason})" if reason not in ("", "None") else ""
@@ -159,6 +179,10 @@ class SlurmJobs:
             except RuntimeError:
                 continue
         return ()
+
+
+def _never_starts(state: str, reason: str) -> bool:
+    return state == "PENDING" and reason in NEVER_STARTS
 
 
 def job_states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
