@@ -53,7 +53,7 @@ class DvcRecord:
     def __init__(self, project: Project, *, question: bool = False, no_commit: bool = False,
                  allow_missing: bool = False, no_run_cache: bool = False, pull: bool = False) -> None:
         """``question``: for ``status`` and ``run --dry-run``, which write nothing (not even a
-        dvc.yaml that is out of date: they read it as a run would compile it). ``no_commit``
+        dvc.yaml that is out of date: they read it as a run would compile it). ``no_commit``,
         ``allow_missing``, ``no_run_cache`` and ``pull``: as ``dvc repro``'s flags of those names."""
         from dvc.repo import Repo
         from dvc.scm import SCMError
@@ -385,8 +385,8 @@ def open_record(project: Project, *, question: bool = False, no_commit: bool = F
                 allow_missing: bool = False, no_run_cache: bool = False, pull: bool = False) -> Record:
     """DVC's record for a dvc.yaml and for the spec dvc.yaml is compiled from (in a DVC repo),
     else conveyor's own. ``question``: a record that writes nothing (:class:`DvcRecord`);
-    ``no_commit``, ``allow_missing``: ``dvc repro``'s flags, for DVC's record only; ``no_run_cache``
-    (conveyor's own record has no run cache: nothing to do there)."""
+    ``no_commit``, ``allow_missing``, ``pull``: ``dvc repro``'s flags, for DVC's record only (a
+    UsageError with conveyor's own); ``no_run_cache``: conveyor's own record has no run cache."""
     if project.dvc is not None or compiled_from(project):  # compiled again under the run's locks where stale
         return DvcRecord(project, question=question, no_commit=no_commit, allow_missing=allow_missing,
                          no_run_cache=no_run_cache, pull=pull)
