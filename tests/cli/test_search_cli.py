@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,4 +105,16 @@ def test_usage_errors_are_one_line_and_exit_2(root: Path, args: list[str], said:
     done = search(root, *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith(said) and done.stderr.count("\n") == 1, done.stderr
+    assert not (root / ".conveyor/search").exists()
+
+
+def test_without_optuna_the_search_says_how_to_install_it(root: Path) -> None:
+    """`pip install -e .[cpu]` has no Optuna: one line naming the extra, exit 2, no trial."""
+    hidden = ("import sys; sys.modules['optuna'] = None; "  # what Python does for a missing module
+              "sys.argv = ['conveyor', 'search', 'fit', '-p', 'fit.x=uniform(0,1)', "
+              "'--objective', 'metrics/fit.json:loss']; from conveyor.cli.app import main; main()")
+    done = subprocess.run([sys.executable, "-c", hidden], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == ("conveyor search proposes trials with Optuna, which is not installed here: "
+                           "pip install 'conveyor[search]' (or pip install optuna)\n"), done.stderr
     assert not (root / ".conveyor/search").exists()

@@ -68,6 +68,11 @@ def search(
     from conveyor.run.profiles import Profiles
 
     Profiles(project.pipeline.profiles, swaps)  # unknown profile names: exit 2 before any trial
+    try:  # an extra: `pip install -e .[cpu]` has no Optuna (imported anyway by the search)
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UsageError("conveyor search proposes trials with Optuna, which is not installed here: "
+                         "pip install 'conveyor[search]' (or pip install optuna)") from None
     from conveyor.run.record import new_run_id
     from conveyor.run.search import run_search
 
