@@ -150,6 +150,19 @@ def predict(model, rows):
 """
 
 
+def assert_ran_on_remote(project: Project) -> None:
+    """The reference pipeline ran with its cpu and gpu profiles swapped for ``remote`` (a cluster of
+    2 workers), and ends with the very metrics of the local run this repository commits."""
+    stages = project.record()["stages"]
+    assert {n: s["profile"] for n, s in stages.items()} == {
+        "ingest": "io", "preprocess": "remote", "train_xgb": "remote", "train_mlp": "local",
+        "stack": "local", "evaluate": "local"}
+    metrics = json.loads((project.root / "metrics/test.json").read_text())
+    assert metrics["stack"]["auc"] >= 0.97
+    assert metrics == json.loads((REPO / "metrics/test.json").read_text())  # its cpu profile: 2 workers, 1 thread
+    assert json.loads((project.root / "metrics/train_xgb.json").read_text())["n_workers"] == 2
+
+
 def linear_model(bias: float = 0.5) -> str:
     """The content of models/linear.json: the features, the weights and ``bias``."""
     return json.dumps({"features": LINEAR_FEATURES, "weights": LINEAR_WEIGHTS, "bias": bias})

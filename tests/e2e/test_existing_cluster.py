@@ -4,7 +4,6 @@ then `conveyor predict` on it."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import pytest
 from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
-from projects import REPO, evaluated_test_rows
+from projects import assert_ran_on_remote, evaluated_test_rows
 from subprocs import stop_group
 
 
@@ -56,15 +55,7 @@ def test_reference_pipeline_on_an_existing_cluster(reference_project: Project, d
 
     run = project.conveyor("run", "--profile", "cpu=remote", "--profile", "gpu=remote")
     assert run.returncode == 0, run.stderr[-3000:]
-    stages = project.record()["stages"]
-    assert {n: s["profile"] for n, s in stages.items()} == {
-        "ingest": "io", "preprocess": "remote", "train_xgb": "remote", "train_mlp": "local",
-        "stack": "local", "evaluate": "local"}
-    metrics = json.loads((project.root / "metrics/test.json").read_text())
-    assert metrics["stack"]["auc"] >= 0.97
-    # the same metrics as the local run this repository commits (its cpu profile: 2 workers, 1 thread)
-    assert metrics == json.loads((REPO / "metrics/test.json").read_text())
-    assert json.loads((project.root / "metrics/train_xgb.json").read_text())["n_workers"] == 2
+    assert_ran_on_remote(project)
 
     with Client(dask_cluster) as client:  # the cluster did the work and is still up, unchanged
         after = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
