@@ -13,6 +13,7 @@ from types import ModuleType
 from benchmarks import harness
 from benchmarks.compute import (
     deterministic,
+    gpu_train,
     ingest_concurrency,
     memory_cap,
     preprocess_pandas,
@@ -28,7 +29,7 @@ BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, par
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
                                                           xgboost_dask, torch_ddp, memory_cap, deterministic, scale,
-                                                          edit_run, search, unshared_disk)}
+                                                          edit_run, search, unshared_disk, gpu_train)}
 
 
 def _log(line: str) -> None:
