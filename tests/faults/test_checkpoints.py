@@ -288,3 +288,40 @@ def test_status_shows_the_checkpoint_a_run_would_resume_and_clean_removes_it(mak
     assert project.conveyor("clean", "--checkpoints").stdout.strip() == "no checkpoints to remove"
     again = project.conveyor("run")  # from scratch: the first half again, and it stops there
     assert again.returncode == 1 and "resumes from" not in again.stderr, again.stdout + again.stderr
+
+
+SAVES = """
+set -e
+head -c 61440 /dev/zero > "$CONVEYOR_CHECKPOINT_DIR/state"
+python -c "from conveyor.run.checkpoints import current; current().mark(1, 2, 'half')"
+exit 3
+"""
+
+
+def test_the_checkpoints_of_a_project_are_bounded_the_oldest_dropped_first(make_project: MakeProject) -> None:
+    project = make_project()
+    project.write("configs/pipeline.yaml", "pipeline: saves\nstages:\n" + "".join(
+        f"  {s}: {{cmd: sh saves.sh, deps: [saves.sh], outs: [out-{s}.txt]}}\n" for s in "abc"))
+    project.write("saves.sh", SAVES)
+    bound = {"CONVEYOR_CHECKPOINTS_MAX": "100KiB"}  # room for one 60 KiB save, not two
+    folder = project.root / ".conveyor/checkpoints"
+
+    def failed(stage: str) -> str:
+        done = project.conveyor("run", stage, env=bound)
+        assert done.returncode == 1, done.stdout + done.stderr
+        return (project.root / f".conveyor/logs/{project.record()['run_id']}/{stage}.log").read_text()
+
+    failed("a")
+    failed("b")  # a and b: over the bound, but b is the newest and a was not checked after it
+    assert sorted(p.name for p in folder.iterdir()) == ["a", "b"]
+    log = failed("c")  # at c's start: a (the oldest) goes; b, the newest, stays with c's own
+    assert sorted(p.name for p in folder.iterdir()) == ["b", "c"]
+    assert "the checkpoint of stage 'a' at half 1 of 2 (0.1 MiB) dropped, the oldest: the project's checkpoints " \
+           "held more than CONVEYOR_CHECKPOINTS_MAX=102,400 bytes" in log, log
+    again = project.conveyor("run", "c", env=bound)  # c's own save is spared while it resumes; b goes
+    assert again.returncode == 1 and "c resumes from half 1 of 2" in again.stderr, again.stdout + again.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["c"]
+    bad = project.conveyor("run", env={"CONVEYOR_CHECKPOINTS_MAX": "lots"})
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "CONVEYOR_CHECKPOINTS_MAX='lots': give the most a project's checkpoints may hold together, like 10GiB or "
+        "500MB (the oldest are dropped first)"), bad.stderr

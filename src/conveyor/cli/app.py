@@ -125,6 +125,9 @@ def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocomplet
     found = project.expand([stage])
     if found != [stage]:
         raise UsageError(f"exec runs exactly one stage: '{stage}' is {len(found)} ({', '.join(found)}); name one")
+    from conveyor.run.checkpoints import limit
+
+    limit()  # a bad CONVEYOR_CHECKPOINTS_MAX: exit 2 before the stage starts
     run_one(project, stage)
 
 

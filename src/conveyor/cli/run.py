@@ -100,6 +100,9 @@ def run(
     from conveyor.run.profiles import Profiles
 
     Profiles(project.pipeline.profiles, swaps)  # unknown profile names: exit 2 before any work
+    from conveyor.run.checkpoints import limit
+
+    limit()  # a bad CONVEYOR_CHECKPOINTS_MAX: exit 2 before any work
     selected = dag.select(project.graph, targets, downstream=downstream, single=single_item, pipeline=pipeline)
     if dry_run:
         recover_outs(project)

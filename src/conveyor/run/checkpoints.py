@@ -6,7 +6,9 @@ Each attempt of a stage gets a folder that is neither an out nor in dvc.lock (a 
 makes the stage stale: its command, declared params and the content of its deps and code.
 The next attempt with the same key finds what the stopped one saved there; a changed key
 starts clean (the other folders of the stage are dropped, and the log says so); a stage
-that succeeded has its checkpoints removed.
+that succeeded has its checkpoints removed. All of a project's checkpoints together hold at most
+``CONVEYOR_CHECKPOINTS_MAX`` bytes (default 10GiB): when an attempt starts, the oldest saves go
+first, never a running stage's nor the newest (:func:`bound`).
 
 What was saved is the task's business; how far it got is conveyor's, so that the record,
 the live view and ``conveyor status`` can say "resumed from round 300 of 500": the saver
@@ -20,8 +22,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 FOLDER = "checkpoints"
 PROGRESS = "progress.json"
 ENV_DIR, ENV_RUN = "CONVEYOR_CHECKPOINT_DIR", "CONVEYOR_RUN_ID"
+ENV_MAX, DEFAULT_MAX = "CONVEYOR_CHECKPOINTS_MAX", "10GiB"
 
 
 @dataclass(frozen=True)
@@ -192,3 +195,53 @@ def _remove(folder: Path) -> Progress | None:
 
 def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def limit() -> int:
+    """The most bytes a project's checkpoints may hold together (``CONVEYOR_CHECKPOINTS_MAX``, a size
+    such as ``10GiB`` or ``500MB``); a bad value is a usage error (exit 2)."""
+    from conveyor.errors import UsageError
+    from conveyor.spec.base import size_in_bytes
+
+    raw = os.environ.get(ENV_MAX, "").strip() or DEFAULT_MAX
+    try:
+        return size_in_bytes(raw)
+    except ValueError:
+        raise UsageError(f"{ENV_MAX}={raw!r}: give the most a project's checkpoints may hold together, like "
+                         f"{DEFAULT_MAX} or 500MB (the oldest are dropped first)") from None
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A checkpoint :func:`bound` removed: its stage, how far it had got, its size."""
+
+    stage: str
+    progress: Progress | None
+    size: int
+
+
+def bound(root: Path, most: int, keep: Collection[Path] = ()) -> list[Dropped]:
+    """Drop the project's checkpoints, oldest save first, until together they hold at most ``most``
+    bytes. Never one in ``keep`` (the run's running stages') nor the newest of all (the latest
+    stopped attempt's: a bound lower than one save still leaves it resumable)."""
+    base = root / STATE_DIR / FOLDER
+    folders = [key for stage in base.iterdir() if stage.is_dir() for key in _keys(stage)] if base.is_dir() else []
+    sized = sorted(((_saved_at(f), _size(f), f) for f in folders), key=lambda t: t[0])
+    total = sum(size for _, size, _ in sized)
+    spared = {*keep, *(sized[-1][2:] if sized else ())}
+    dropped = []
+    for _, size, folder in sized:
+        if total <= most:
+            break
+        if folder in spared:
+            continue
+        dropped.append(Dropped(unquote(folder.parent.name), _remove(folder), size))
+        total -= size
+        with suppress(OSError):
+            folder.parent.rmdir()  # the stage's last one
+    return dropped
+
+
+def _saved_at(folder: Path) -> float:
+    """When anything in ``folder`` was last written."""
+    return max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file()), default=folder.stat().st_mtime)

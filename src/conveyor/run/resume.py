@@ -3,6 +3,8 @@ gets, what the log, the record and the live view say it resumes, and the time th
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from conveyor.run import checkpoints
@@ -22,14 +24,20 @@ class Notices(Protocol):
 
 
 def checkpoint(project: Project, stage: str, run: RunRecord, hasher: Hasher, log: StageLog,
-               view: Notices) -> checkpoints.Checkpoint:
+               view: Notices, running: Collection[Path] = ()) -> checkpoints.Checkpoint:
     """The attempt's checkpoint folder, keyed by the stage's inputs as they are now; the checkpoints
-    of other inputs are dropped (the log says so), and a resumed one is told everywhere."""
+    of other inputs are dropped (the log says so), and a resumed one is told everywhere. The
+    project's checkpoints are then bounded (the oldest dropped), sparing this one and ``running``."""
     key = checkpoints.inputs_key(project, stage, hasher)
     found, progress, dropped = checkpoints.prepare(project.root, stage, key, run.run_id)
     for old in dropped:
         log.line("log", f"a checkpoint at {old.describe()} was saved with other inputs (params, deps, "
                  "code or command changed since): dropped, starting from scratch")
+    most = checkpoints.limit()
+    for gone in checkpoints.bound(project.root, most, keep={found.path, *running}):
+        at = f" at {gone.progress.where()}" if gone.progress is not None else ""
+        log.line("log", f"the checkpoint of stage '{gone.stage}'{at} ({gone.size / 2**20:,.1f} MiB) dropped, the "
+                 f"oldest: the project's checkpoints held more than {checkpoints.ENV_MAX}={most:,} bytes")
     if progress is not None:
         line = f"resumes from {progress.describe()}"
         log.line("log", line)

@@ -192,8 +192,9 @@ class StageRunner:
                 if frozen:
                     log.line("out", f"{stage} is frozen: its command does not run; its outs are checked and recorded")
                 elif not self._restored(stage, log):
-                    self._checkpoints[stage] = resume.checkpoint(self.project, stage, self.run, self._hasher, log,
-                                                                 self.view)
+                    self._checkpoints[stage] = resume.checkpoint(
+                        self.project, stage, self.run, self._hasher, log, self.view,
+                        running=[c.path for c in list(self._checkpoints.values())])
                     began = time.monotonic()
                     with workers.WorkerWatch(stage, resources):
                         self._execute(stage, fn, resources, progress, log)
