@@ -68,6 +68,9 @@ def search(
     from conveyor.run.profiles import Profiles
 
     Profiles(project.pipeline.profiles, swaps)  # unknown profile names: exit 2 before any trial
+    from conveyor.run.checkpoints import limit
+
+    limit()  # a bad CONVEYOR_CHECKPOINTS_MAX, likewise
     try:  # an extra: `pip install -e .[cpu]` has no Optuna (imported anyway by the search)
         import optuna  # noqa: F401
     except ImportError:
