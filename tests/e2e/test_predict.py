@@ -27,7 +27,6 @@ from conveyor.errors import DamagedFileError
 from conveyor.parquet import read_table
 
 
-@pytest.mark.slow
 def write_rows(path: Path, rows: int, group: int = 250_000) -> None:
     """``rows`` rows of the model's features and a ``key`` column, in row groups of ``group``."""
     rng = np.random.default_rng(7)
@@ -37,6 +36,7 @@ def write_rows(path: Path, rows: int, group: int = 250_000) -> None:
             writer.write_table(pa.table(chunk))
 
 
+@pytest.mark.slow
 def test_a_file_bigger_than_a_worker_is_scored_in_partitions_in_order(linear_project: Project) -> None:
     # a worker of this stack (dask, pandas, pyarrow) holds ~180 MiB before it reads anything and
     # ~370 MiB while it scores a 16 MiB partition: 640 MiB leaves it room below the 80 % pause
