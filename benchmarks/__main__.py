@@ -12,6 +12,7 @@ from types import ModuleType
 
 from benchmarks import harness
 from benchmarks.compute import (
+    checkpoint_resume,
     deterministic,
     gpu_train,
     ingest_concurrency,
@@ -29,7 +30,8 @@ BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, par
                                                           dvc_repro, reference, noop, chain, sweep,
                                                           predict_batch, serve_latency, preprocess_pandas,
                                                           xgboost_dask, torch_ddp, memory_cap, deterministic, scale,
-                                                          edit_run, search, unshared_disk, gpu_train)}
+                                                          edit_run, search, unshared_disk, gpu_train,
+                                                          checkpoint_resume)}
 
 
 def _log(line: str) -> None:
