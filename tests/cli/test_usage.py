@@ -173,13 +173,14 @@ sys.exit(code)
 
 
 def test_a_run_with_nothing_to_do_starts_no_server_and_imports_no_prefect(
-        tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+        tiny: Path, tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> None:
     """Decided before anything heavy: no Prefect import, no server (its database never made), no flow run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path_factory.mktemp("first-home")), COLUMNS="100")
     assert CONVEYOR is not None
-    first = subprocess.run([CONVEYOR, "run"], cwd=tiny, env=env, capture_output=True, text=True, timeout=300)
+    first = subprocess.run([CONVEYOR, "run"], cwd=tiny, env={**os.environ, **prefect_server}, capture_output=True,
+                           text=True, timeout=300)  # the test session's server: what is run next has none
     assert first.returncode == 0, first.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["COLUMNS"] = "100"
     home = tmp_path_factory.mktemp("untouched-home")
     env["PREFECT_HOME"] = str(home)
     again = subprocess.run([sys.executable, "-c", NOTHING_HEAVY], cwd=tiny, env=env, capture_output=True,
