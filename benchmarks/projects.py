@@ -38,10 +38,14 @@ def chain_text(k: int) -> str:
 
 
 def base_env() -> dict[str, str]:
-    """This environment, with this interpreter's bin folder (conveyor, dvc, python) first on PATH."""
+    """This environment, with this interpreter's bin folder (conveyor, dvc, python) first on PATH, writing bytecode."""
     bindir = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
-            "COLUMNS": "160"}
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
+           "COLUMNS": "160"}
+    # bytecode written as on a user's machine (pip compiles what it installs; an editable install's
+    # first import writes it): with PYTHONDONTWRITEBYTECODE set, every run would compile conveyor anew
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def no_server_env(home: Path) -> dict[str, str]:
