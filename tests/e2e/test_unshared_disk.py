@@ -373,3 +373,64 @@ def test_reference_pipeline_on_a_cluster_without_the_projects_disk(
             assert after - before > 100
             assert _scratch_left(client) == []
     assert not project.left_running()
+
+
+HALVES = """
+set -e
+if [ -e "$CONVEYOR_CHECKPOINT_DIR/first-half" ]; then
+  cp "$CONVEYOR_CHECKPOINT_DIR/first-half" out.txt && echo second >> out.txt && exit 0
+fi
+echo first > "$CONVEYOR_CHECKPOINT_DIR/first-half"
+python -c "from conveyor.run.checkpoints import current; current().mark(1, 2, 'half')"
+echo stopped half-way >&2
+exit 3
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_on_the_worker_comes_back_and_the_next_run_resumes_from_it(
+        blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    project.write("halves.sh", HALVES)
+    project.write("configs/pipeline.yaml", f"pipeline: halves\nprofiles:\n  remote: {{kind: dask, address: "
+                  f"'{address}'}}\nstages:\n  halves: {{cmd: sh halves.sh, on: remote, deps: [halves.sh], "
+                  "outs: [out.txt]}\n")
+    _with_remote(project, tmp_path / "store")
+    first = project.conveyor("run")
+    assert first.returncode == 1, first.stdout + first.stderr
+    (saved,) = (project.root / ".conveyor/checkpoints/halves").iterdir()  # fetched through the remote
+    assert (saved / "first-half").read_text() == "first\n"
+    log = (project.root / f".conveyor/logs/{project.record()['run_id']}/halves.log").read_text()
+    assert "checkpoint at half 1 of 2 fetched from the worker through the remote" in log, log
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "halves resumes from half 1 of 2 (checkpoint of run " in again.stderr, again.stderr
+    assert (project.root / "out.txt").read_text() == "first\nsecond\n"
+    assert not (project.root / ".conveyor/checkpoints/halves").exists()
+    _nothing_left(address)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_runner_keeps_the_checkpoint_the_worker_sent_and_the_next_run_resumes(
+        blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    project.write("halves.sh", HALVES.replace("echo stopped half-way >&2\nexit 3", "echo saved\nsleep 600"))
+    project.write("configs/pipeline.yaml", f"pipeline: halves\nprofiles:\n  remote: {{kind: dask, address: "
+                  f"'{address}'}}\nstages:\n  halves: {{cmd: sh halves.sh, on: remote, deps: [halves.sh], "
+                  "outs: [out.txt]}\n")
+    _with_remote(project, tmp_path / "store")
+    proc = project.popen("run")
+    try:
+        _wait_for_line(project, "halves", "checkpoint at half 1 of 2 fetched from the worker", proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+    _nothing_left(address)
+    deadline = time.monotonic() + 20  # the command on the worker was stopped with the run
+    while any(p.info["cmdline"] == ["sleep", "600"] for p in psutil.process_iter(["cmdline"])):
+        assert time.monotonic() < deadline, "the command outlived the killed run"
+        time.sleep(0.2)
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "halves resumes from half 1 of 2 (checkpoint of run " in again.stderr, again.stderr
+    assert (project.root / "out.txt").read_text() == "first\nsecond\n"

@@ -242,6 +242,8 @@ def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequenc
     Interrupted (Ctrl-C, a stage timeout), the command's process group on the worker is
     killed before this returns.
     """
+    from conveyor.run.unshared import saves_fetched
+
     token = uuid.uuid4().hex[:12]
     topic = f"conveyor-cmd-{token}"
     ended = threading.Event()
@@ -254,23 +256,24 @@ def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequenc
         for stream, line in lines:
             sink(stream, line)
 
-    client.subscribe_topic(topic, receive)
-    future = client.submit(on_worker, command, token, topic, shipment, key=f"conveyor-cmd-{command.stage}-{token}",
-                           pure=False, retries=0, workers=list(workers) if workers else None,
-                           allow_other_workers=False, resources=dict(resources) if resources else None)
-    done = threading.Event()
-    future.add_done_callback(lambda _f: done.set())
-    try:
-        while not done.wait(_POLL_S):
-            pass
-        finished: Finished = future.result()
-        ended.wait(timeout=KILL_GRACE_S)  # the last lines travel after the result
-        return finished
-    finally:
-        if not future.done():
-            client.run(cancel_on_worker, token, on_error="ignore")
-            future.cancel()
-        client.unsubscribe_topic(topic)
+    with saves_fetched(shipment, sink) as sink:
+        client.subscribe_topic(topic, receive)
+        future = client.submit(on_worker, command, token, topic, shipment, key=f"conveyor-cmd-{command.stage}-{token}",
+                               pure=False, retries=0, workers=list(workers) if workers else None,
+                               allow_other_workers=False, resources=dict(resources) if resources else None)
+        done = threading.Event()
+        future.add_done_callback(lambda _f: done.set())
+        try:
+            while not done.wait(_POLL_S):
+                pass
+            finished: Finished = future.result()
+            ended.wait(timeout=KILL_GRACE_S)  # the last lines travel after the result
+            return finished
+        finally:
+            if not future.done():
+                client.run(cancel_on_worker, token, on_error="ignore")
+                future.cancel()
+            client.unsubscribe_topic(topic)
 
 
 def on_worker(command: Command, token: str, topic: str, shipment: Shipment | None = None) -> Finished:
@@ -279,7 +282,7 @@ def on_worker(command: Command, token: str, topic: str, shipment: Shipment | Non
 
     from distributed import get_worker
 
-    from conveyor.run.unshared import command_in_scratch, run_in_scratch, stopped_when_released
+    from conveyor.run.unshared import CHECKPOINT, command_in_scratch, run_in_scratch, stopped_when_released
 
     worker = get_worker()
     batch = _Batch(lambda lines: worker.log_event(topic, lines))
@@ -290,7 +293,8 @@ def on_worker(command: Command, token: str, topic: str, shipment: Shipment | Non
             finished, outs = run_in_scratch(
                 shipment, lambda scratch: run_here(command_in_scratch(command, shipment, scratch), batch.add,
                                                    token=token, budget=worker_budget(worker)),
-                lambda line: batch.add("err", line), succeeded=lambda done: done.returncode == 0)
+                lambda line: batch.add("err", line), succeeded=lambda done: done.returncode == 0,
+                stored=lambda value: batch.add(CHECKPOINT, value))
         return replace(finished, outs=outs)
     finally:
         batch.close()

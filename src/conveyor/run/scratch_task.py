@@ -33,6 +33,8 @@ def run_task_on_worker(client: Client, fn: Callable[[StageContext], None], paylo
                        sink: Sink, workers: Sequence[str] | None = None) -> dict[str, str]:
     """Run the task ``fn`` on one worker (of ``workers``, when given) in a scratch directory; its
     log lines come to ``sink``; returns its outs' hashes in the remote."""
+    from conveyor.run.unshared import saves_fetched
+
     topic = f"conveyor-task-{uuid.uuid4().hex[:12]}"
     ended = threading.Event()
 
@@ -43,22 +45,23 @@ def run_task_on_worker(client: Client, fn: Callable[[StageContext], None], paylo
         for stream, line in event[1]:
             sink(stream, line)
 
-    client.subscribe_topic(topic, receive)
-    future = client.submit(task_on_worker, fn, payload, shipment, topic, pure=False,
-                           key=f"conveyor-task-{payload.stage}-{topic[-12:]}", retries=0,
-                           workers=list(workers) if workers else None, allow_other_workers=False)
-    done = threading.Event()
-    future.add_done_callback(lambda _f: done.set())
-    try:
-        while not done.wait(_POLL_S):
-            pass
-        outs: dict[str, str] = future.result()
-        ended.wait(timeout=5.0)  # the last lines travel after the result
-        return outs
-    finally:
-        if not future.done():
-            future.cancel()
-        client.unsubscribe_topic(topic)
+    with saves_fetched(shipment, sink) as sink:
+        client.subscribe_topic(topic, receive)
+        future = client.submit(task_on_worker, fn, payload, shipment, topic, pure=False,
+                               key=f"conveyor-task-{payload.stage}-{topic[-12:]}", retries=0,
+                               workers=list(workers) if workers else None, allow_other_workers=False)
+        done = threading.Event()
+        future.add_done_callback(lambda _f: done.set())
+        try:
+            while not done.wait(_POLL_S):
+                pass
+            outs: dict[str, str] = future.result()
+            ended.wait(timeout=5.0)  # the last lines travel after the result
+            return outs
+        finally:
+            if not future.done():
+                future.cancel()
+            client.unsubscribe_topic(topic)
 
 
 def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipment: Shipment,
@@ -66,7 +69,7 @@ def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipmen
     """The Dask task: the stage's task in a scratch directory; returns its outs' hashes."""
     from distributed import get_worker
 
-    from conveyor.run.unshared import Released, run_in_scratch, stopped_when_released
+    from conveyor.run.unshared import CHECKPOINT, Released, run_in_scratch, stopped_when_released
     from conveyor.run.watchdog import raise_in
 
     worker = get_worker()
@@ -80,7 +83,8 @@ def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipmen
     try:
         with stopped_when_released(lambda: raise_in(ident, Released)):
             _, outs = run_in_scratch(shipment, lambda scratch: _call(fn, payload, shipment, scratch, logger),
-                                     lambda line: batch.add("err", line))
+                                     lambda line: batch.add("err", line),
+                                     stored=lambda value: batch.add(CHECKPOINT, value))
         return outs
     finally:
         logger.removeHandler(handler)
@@ -93,23 +97,26 @@ def _call(fn: Callable[[StageContext], None], payload: Payload, shipment: Shipme
     """``fn(ctx)`` with the paths of the scratch directory and the worker's client."""
     from distributed import worker_client
 
+    from conveyor.run.checkpoints import Checkpoint, using
     from conveyor.run.context import StageContext, current_client
     from conveyor.run.unshared import moved
 
     def where(paths: dict[str, str] | Any) -> dict[str, Path]:
         return {name: Path(moved(path, shipment, scratch)) for name, path in paths.items()}
 
-    with worker_client() as client, current_client(client):
+    rel = shipment.checkpoint_rel()
+    folder = scratch / (rel if rel is not None else ".conveyor-checkpoint")  # made by run_in_scratch, or here
+    checkpoint = Checkpoint(folder, shipment.checkpoint.run_id if shipment.checkpoint is not None else "")
+    with worker_client() as client, current_client(client), using(checkpoint):
         ctx = StageContext(
             stage=payload.stage, params=payload.params, root=scratch, log=logger, deps=where(payload.deps),
             outs=where(payload.outs), metrics=where(payload.metrics), names=payload.names, item=payload.item,
             needed=payload.needed, client=client, n_workers=len(client.scheduler_info(n_workers=-1)["workers"]),
-            checkpoint_dir=scratch / ".conveyor-checkpoint",
+            checkpoint_dir=folder,
         )
         for path in [*ctx.outs.values(), *ctx.metrics.values()]:
             path.parent.mkdir(parents=True, exist_ok=True)
-        assert ctx.checkpoint_dir is not None
-        ctx.checkpoint_dir.mkdir()  # there, as in the runner; it goes with the scratch directory
+        folder.mkdir(parents=True, exist_ok=True)  # there, as in the runner; its saves go back through the remote
         fn(ctx)
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -216,7 +217,8 @@ class StageRunner:
                  progress: StageProgress, log: StageLog) -> None:
         """Run the stage's command or task (``fn``: the task function; None for a deterministic task);
         where its workers do not see the project, in a scratch directory on one of them."""
-        shipment = self.disks.shipment(stage, resources, lambda line: log.line("log", line))
+        say = partial(log.line, "log")
+        shipment = self.disks.shipment(stage, resources, say, self._checkpoints.get(stage))
         with self._holding(stage, resources, progress) as hold:
             if self.project.pipeline.stages[stage].task is None:
                 self._command(stage, resources, log, hold, shipment)

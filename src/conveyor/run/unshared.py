@@ -16,6 +16,12 @@ without a DVC remote the stage fails at once, saying so and what to configure
 
 The hashing and the transfers are DVC's own (:mod:`conveyor.dvc.remote`), so what a worker
 wrote is in the remote as ``dvc push`` would have put it.
+
+Checkpoints (:mod:`conveyor.run.checkpoints`) take the same road: what the attempt's folder holds
+goes with the deps and is there in the scratch directory; each time the stage marks a new save,
+the worker stores a snapshot of the folder in the remote and names its hash to the runner, which
+fetches it into the project's folder. A stage stopped there (kill -9 of the runner included)
+leaves its latest fetched save for the next attempt.
 """
 
 from __future__ import annotations
@@ -32,14 +38,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from conveyor.errors import ProfileError
+from conveyor.errors import ProfileError, RemoteDataError
+from conveyor.run.checkpoints import PROGRESS, Checkpoint, read_progress
 from conveyor.workspace import state_dir
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from conveyor.dvc.remote import RemoteStore
-    from conveyor.run.commands import Command
+    from conveyor.run.commands import Command, Sink
     from conveyor.run.profiles import Resources
     from conveyor.spec.project import Project
 
@@ -48,6 +55,8 @@ Say = Callable[[str], None]  # a line for the stage's log
 PROBE_STEP_S = 1.0  # the probe waits for a first worker in steps this long
 RELEASE_POLL_S = 0.5  # how often a stage on a worker looks whether the runner still wants it
 SCRATCH_PREFIX = "conveyor-scratch-"
+CHECKPOINT = "checkpoint"  # the stream of a worker's lines that names a checkpoint it stored in the remote
+CHECKPOINT_POLL_S = 1.0  # how often a worker looks for a new save in the stage's checkpoint folder
 
 
 class NoSharedDisk(ProfileError):
@@ -72,6 +81,12 @@ class Shipment:
     root: str  # the project root in the runner: paths under it are rewritten to the scratch directory
     deps: Mapping[str, str]  # declared path -> DVC hash
     outs: tuple[str, ...]
+    checkpoint: Checkpoint | None = None  # the attempt's checkpoint folder in the runner
+    saved: str | None = None  # what it held when the stage left, in the remote (a DVC hash)
+
+    def checkpoint_rel(self) -> str | None:
+        """The checkpoint folder relative to the project root (it is under ``.conveyor/``)."""
+        return None if self.checkpoint is None else os.path.relpath(self.checkpoint.path, self.root)
 
 
 def read_marker(path: str, token: str) -> bool:
@@ -116,10 +131,11 @@ class Disks:
         self._lock = threading.Lock()
         self._store: RemoteStore | None = None
 
-    def shipment(self, stage: str, resources: Resources, say: Say) -> Shipment | None:
-        """None where the stage's workers see the project (or there are none); else its deps,
-        stored in the remote now (``say`` hears how long that took). Raises :class:`NoSharedDisk`
-        when there is no remote."""
+    def shipment(self, stage: str, resources: Resources, say: Say,
+                 checkpoint: Checkpoint | None = None) -> Shipment | None:
+        """None where the stage's workers see the project (or there are none); else its deps (and
+        what its ``checkpoint`` folder holds), stored in the remote now (``say`` hears how long that
+        took). Raises :class:`NoSharedDisk` when there is no remote."""
         if resources.client is None or not (resources.external or resources.ended is not None):
             return None  # a cluster conveyor started here sees what the runner sees
         with self._lock:
@@ -140,7 +156,13 @@ class Disks:
 
         with timed(say, f"deps stored in DVC remote '{store.name}' ({store.url})"):
             deps = push(store, self.project.root, self._deps(stage), self._hashes)
-        return Shipment(store, str(self.project.root), deps, self.project.pipeline.stages[stage].written)
+        shipment = Shipment(store, str(self.project.root), deps, self.project.pipeline.stages[stage].written,
+                            checkpoint)
+        rel = shipment.checkpoint_rel()
+        if checkpoint is None or rel is None or read_progress(checkpoint.path) is None:
+            return shipment
+        with timed(say, "checkpoint stored in the remote for the worker"):
+            return replace(shipment, saved=push(store, self.project.root, [rel]).get(rel))
 
     def _remote(self) -> RemoteStore | None:
         from conveyor.dvc.remote import default_remote
@@ -202,23 +224,136 @@ def timed(say: Say, what: str) -> Iterator[None]:
 
 
 def run_in_scratch(shipment: Shipment, work: Callable[[Path], T], say: Say,
-                   succeeded: Callable[[T], bool] = lambda _result: True) -> tuple[T, dict[str, str]]:
+                   succeeded: Callable[[T], bool] = lambda _result: True,
+                   stored: Callable[[str], None] = lambda _hash: None) -> tuple[T, dict[str, str]]:
     """On a worker: a scratch directory holding the stage's deps, ``work(scratch)`` there, then
     its outs stored in the remote (only when it ``succeeded``); returns its result and the outs'
-    hashes. The directory is removed in every case, an exception or a cancel included."""
+    hashes. Each new save in the stage's checkpoint folder is stored too, its hash told to
+    ``stored``. The directory is removed in every case, an exception or a cancel included."""
     from conveyor.dvc.remote import materialise, push
 
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent()))
     try:
         with timed(say, f"deps checked out into {scratch} on the worker"):
             materialise(shipment.store, scratch, shipment.deps, linked=True)
-        result = work(scratch)
+        rel = shipment.checkpoint_rel()
+        if rel is not None and shipment.saved:
+            materialise(shipment.store, scratch, {rel: shipment.saved})
+        with _sending_saves(shipment.store, None if rel is None else scratch / rel, stored):
+            result = work(scratch)
         if not succeeded(result):
             return result, {}
         with timed(say, "outs stored in the remote from the worker"):
             return result, push(shipment.store, scratch, shipment.outs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def _sending_saves(store: RemoteStore, folder: Path | None, stored: Callable[[str], None]) -> Iterator[None]:
+    """On a worker, around a stage: every :data:`CHECKPOINT_POLL_S`, and once at the end, a save
+    marked in ``folder`` since the last look goes to the remote (:func:`_store_save`)."""
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    done = threading.Event()
+    last: list[tuple[int, int] | None] = [None]
+
+    def watch() -> None:
+        while not done.wait(CHECKPOINT_POLL_S):
+            last[0] = _store_save(store, folder, last[0], stored)
+
+    watcher = threading.Thread(target=watch, name="conveyor-checkpoints", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        _store_save(store, folder, last[0], stored)  # what the stage saved last, even as it failed
+
+
+def _store_save(store: RemoteStore, folder: Path, last: tuple[int, int] | None,
+                stored: Callable[[str], None]) -> tuple[int, int] | None:
+    """Store the save ``folder``'s progress file names, when it is not ``last``: a snapshot of hard
+    links first, taken between two saves (each file of a save is written whole and renamed in,
+    the progress file after them), so a save under way is never half stored. Returns the stamp of
+    the save stored, ``last`` when there was none or the stage saved again meanwhile."""
+    from conveyor.dvc.remote import push
+
+    def stamp() -> tuple[int, int] | None:
+        try:
+            info = (folder / PROGRESS).stat()
+        except FileNotFoundError:
+            return None
+        return info.st_ino, info.st_mtime_ns
+
+    now = stamp()
+    if now is None or now == last:
+        return last
+    snapshot = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.snapshot")
+    try:
+        shutil.copytree(folder, snapshot, copy_function=os.link, ignore=shutil.ignore_patterns(".*.tmp"))
+        if stamp() != now:
+            return last
+        value = push(store, snapshot.parent, [snapshot.name]).get(snapshot.name)
+    except (OSError, shutil.Error, RemoteDataError):  # a save removed a file under the snapshot: the next look
+        return last
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+    if value:
+        stored(value)
+    return now
+
+
+@contextmanager
+def saves_fetched(shipment: Shipment | None, sink: Sink) -> Iterator[Sink]:
+    """The runner's side: ``sink`` for a stage's lines from a worker, the ones naming a save it
+    stored fetched into the project's checkpoint folder (in a thread of their own: the lines
+    arrive on Dask's event loop). At the end, the last one named is fetched before it returns."""
+    rel = shipment.checkpoint_rel() if shipment is not None else None
+    if shipment is None or rel is None:
+        yield sink
+        return
+    from conveyor.dvc.remote import materialise
+
+    latest: list[str | None] = [None]
+    wake, closing = threading.Condition(), threading.Event()
+
+    def fetch() -> None:
+        while True:
+            with wake:
+                wake.wait_for(lambda: latest[0] is not None or closing.is_set())
+                value, latest[0] = latest[0], None
+            if value is None:
+                return
+            try:
+                materialise(shipment.store, Path(shipment.root), {rel: value})
+            except RemoteDataError as exc:
+                sink("log", f"a checkpoint the worker stored could not be fetched: {exc}")
+                continue
+            progress = read_progress(Path(shipment.root) / rel)
+            sink("log", f"checkpoint at {progress.where() if progress else 'an unknown step'} fetched from the "
+                        "worker through the remote")
+
+    def receive(stream: str, line: str) -> None:
+        if stream != CHECKPOINT:
+            sink(stream, line)
+            return
+        with wake:
+            latest[0] = line
+            wake.notify()
+
+    fetcher = threading.Thread(target=fetch, name="conveyor-checkpoint-fetch", daemon=True)
+    fetcher.start()
+    try:
+        yield receive
+    finally:
+        with wake:
+            closing.set()
+            wake.notify()
+        fetcher.join()
 
 
 class Released(Exception):
