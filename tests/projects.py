@@ -117,6 +117,19 @@ def reference_project(make_project: Callable[[], Project]) -> Project:
 
 
 # A project whose model is a linear function (numpy only): fast to score, exact to check.
+# A command stage that saves its first half in its checkpoint folder, says so, and fails; run
+# again with that save there, it writes both halves: what resuming from a checkpoint does.
+HALVES = """
+set -e
+if [ -e "$CONVEYOR_CHECKPOINT_DIR/first-half" ]; then
+  cp "$CONVEYOR_CHECKPOINT_DIR/first-half" out.txt && echo second >> out.txt && exit 0
+fi
+echo first > "$CONVEYOR_CHECKPOINT_DIR/first-half"
+python -c "from conveyor.run.checkpoints import current; current().mark(1, 2, 'half')"
+echo stopped half-way >&2
+exit 3
+"""
+
 LINEAR_FEATURES = [f"x{i}" for i in range(8)]
 LINEAR_WEIGHTS = [0.5, -1.0, 2.0, 0.25, -0.75, 1.5, -2.0, 1.0]
 LINEAR_SPEC = """\

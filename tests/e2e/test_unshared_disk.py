@@ -26,7 +26,7 @@ import yaml
 from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
-from projects import assert_ran_on_remote
+from projects import HALVES, assert_ran_on_remote
 from subprocs import stop_group
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -375,27 +375,21 @@ def test_reference_pipeline_on_a_cluster_without_the_projects_disk(
     assert not project.left_running()
 
 
-HALVES = """
-set -e
-if [ -e "$CONVEYOR_CHECKPOINT_DIR/first-half" ]; then
-  cp "$CONVEYOR_CHECKPOINT_DIR/first-half" out.txt && echo second >> out.txt && exit 0
-fi
-echo first > "$CONVEYOR_CHECKPOINT_DIR/first-half"
-python -c "from conveyor.run.checkpoints import current; current().mark(1, 2, 'half')"
-echo stopped half-way >&2
-exit 3
-"""
+
+def _halves(project: Project, address: str, tmp_path: Path, script: str) -> None:
+    """A git + DVC project of one cmd stage, ``script``, on the cluster at ``address``."""
+    project.write("halves.sh", script)
+    project.write("configs/pipeline.yaml", f"pipeline: halves\nprofiles:\n  remote: {{kind: dask, address: "
+                  f"'{address}'}}\nstages:\n  halves: {{cmd: sh halves.sh, on: remote, deps: [halves.sh], "
+                  "outs: [out.txt]}\n")
+    _with_remote(project, tmp_path / "store")
 
 
 @pytest.mark.slow
 def test_a_checkpoint_saved_on_the_worker_comes_back_and_the_next_run_resumes_from_it(
         blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
     project, address = blind_cluster
-    project.write("halves.sh", HALVES)
-    project.write("configs/pipeline.yaml", f"pipeline: halves\nprofiles:\n  remote: {{kind: dask, address: "
-                  f"'{address}'}}\nstages:\n  halves: {{cmd: sh halves.sh, on: remote, deps: [halves.sh], "
-                  "outs: [out.txt]}\n")
-    _with_remote(project, tmp_path / "store")
+    _halves(project, address, tmp_path, HALVES)
     first = project.conveyor("run")
     assert first.returncode == 1, first.stdout + first.stderr
     (saved,) = (project.root / ".conveyor/checkpoints/halves").iterdir()  # fetched through the remote
@@ -414,11 +408,7 @@ def test_a_checkpoint_saved_on_the_worker_comes_back_and_the_next_run_resumes_fr
 def test_kill_9_of_the_runner_keeps_the_checkpoint_the_worker_sent_and_the_next_run_resumes(
         blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
     project, address = blind_cluster
-    project.write("halves.sh", HALVES.replace("echo stopped half-way >&2\nexit 3", "echo saved\nsleep 600"))
-    project.write("configs/pipeline.yaml", f"pipeline: halves\nprofiles:\n  remote: {{kind: dask, address: "
-                  f"'{address}'}}\nstages:\n  halves: {{cmd: sh halves.sh, on: remote, deps: [halves.sh], "
-                  "outs: [out.txt]}\n")
-    _with_remote(project, tmp_path / "store")
+    _halves(project, address, tmp_path, HALVES.replace("echo stopped half-way >&2\nexit 3", "echo saved\nsleep 600"))
     proc = project.popen("run")
     try:
         _wait_for_line(project, "halves", "checkpoint at half 1 of 2 fetched from the worker", proc)

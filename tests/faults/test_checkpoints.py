@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from projects import Project
+from projects import HALVES, Project
 
 pytestmark = pytest.mark.slow
 MakeProject = Callable[[], Project]
@@ -224,17 +224,6 @@ def test_a_changed_param_starts_from_scratch(make_project: MakeProject, referenc
     assert not killed.exists()
     assert (project.root / "models/xgb.ubj").read_bytes() != (uninterrupted(reference) / "models/xgb.ubj").read_bytes()
 
-
-HALVES = """
-set -e
-if [ -e "$CONVEYOR_CHECKPOINT_DIR/first-half" ]; then
-  cp "$CONVEYOR_CHECKPOINT_DIR/first-half" out.txt && echo second >> out.txt && exit 0
-fi
-echo first > "$CONVEYOR_CHECKPOINT_DIR/first-half"
-python -c "from conveyor.run.checkpoints import current; current().mark(1, 2, 'half')"
-echo stopped half-way >&2
-exit 3
-"""
 
 
 def test_a_command_finds_what_its_failed_attempt_saved_and_a_success_drops_it(make_project: MakeProject) -> None:

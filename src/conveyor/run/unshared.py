@@ -257,21 +257,17 @@ def _sending_saves(store: RemoteStore, folder: Path | None, stored: Callable[[st
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    done = threading.Event()
     last: list[tuple[int, int] | None] = [None]
 
-    def watch() -> None:
-        while not done.wait(CHECKPOINT_POLL_S):
-            last[0] = _store_save(store, folder, last[0], stored)
+    def look() -> bool:
+        last[0] = _store_save(store, folder, last[0], stored)
+        return False
 
-    watcher = threading.Thread(target=watch, name="conveyor-checkpoints", daemon=True)
-    watcher.start()
     try:
-        yield
+        with _every(CHECKPOINT_POLL_S, look, "conveyor-checkpoints"):
+            yield
     finally:
-        done.set()
-        watcher.join()
-        _store_save(store, folder, last[0], stored)  # what the stage saved last, even as it failed
+        look()  # what the stage saved last, even as it failed
 
 
 def _store_save(store: RemoteStore, folder: Path, last: tuple[int, int] | None,
@@ -373,19 +369,32 @@ def stopped_when_released(stop: Callable[[], object]) -> Iterator[None]:
 
     worker = get_worker()
     key = worker.get_current_task()
+
+    def released() -> bool:
+        task = worker.state.tasks.get(key)
+        if task is None or task.state in ("cancelled", "released", "forgotten"):
+            stop()
+            return True
+        return False
+
+    with _every(RELEASE_POLL_S, released, "conveyor-released"):
+        yield
+
+
+@contextmanager
+def _every(period_s: float, step: Callable[[], bool], name: str) -> Iterator[None]:
+    """``step()`` every ``period_s`` in a thread of its own while the block runs, until it returns True."""
     done = threading.Event()
 
-    def watch() -> None:
-        while not done.wait(RELEASE_POLL_S):
-            task = worker.state.tasks.get(key)
-            if task is None or task.state in ("cancelled", "released", "forgotten"):
-                stop()
+    def loop() -> None:
+        while not done.wait(period_s):
+            if step():
                 return
 
-    watcher = threading.Thread(target=watch, name="conveyor-released", daemon=True)
-    watcher.start()
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
     try:
         yield
     finally:
         done.set()
-        watcher.join()
+        thread.join()
