@@ -228,7 +228,7 @@ def bound(root: Path, most: int, keep: Collection[Path] = ()) -> list[Dropped]:
     folders = [key for stage in base.iterdir() if stage.is_dir() for key in _keys(stage)] if base.is_dir() else []
     sized = sorted(((_saved_at(f), _size(f), f) for f in folders), key=lambda t: t[0])
     total = sum(size for _, size, _ in sized)
-    spared = {*keep, *(sized[-1][2:] if sized else ())}
+    spared = {*keep, *([sized[-1][2]] if sized else [])}  # the newest: the last in order of saving
     dropped = []
     for _, size, folder in sized:
         if total <= most:
