@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from prefect import State, flow, task
+from prefect import State, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
@@ -29,6 +29,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from conveyor.errors import Interrupted, UsageError
 from conveyor.prefect.edges import submit_connected, upstream_runs
+from conveyor.prefect.parameters import json_flow
 from conveyor.prefect.server import raise_if_gone
 from conveyor.run import capture
 from conveyor.run.compare import artifact_rows
@@ -309,8 +310,8 @@ def run_stages(spec: str = "configs/pipeline.yaml", *, stages: Sequence[str] | N
     return final_state(run_in_flow(project, options, run_id))
 
 
-@flow(name="conveyor-pipeline", flow_run_name=pipeline_run_name, persist_result=False, log_prints=True,
-      task_runner=StageTaskRunner())  # type: ignore[arg-type]  # Prefect types R invariant
+@json_flow(name="conveyor-pipeline", flow_run_name=pipeline_run_name, persist_result=False, log_prints=True,
+           task_runner=StageTaskRunner())
 def pipeline_flow(spec: str = "configs/pipeline.yaml", stages: list[str] | None = None,
                   downstream: bool = False, force: bool = False,
                   profile: dict[str, str] | None = None, single_item: bool = False,
