@@ -250,7 +250,7 @@ def versioned(make_project: Callable[[], Project], tmp_path: Path) -> Project:
     project.write("tasks/__init__.py", "")
     project.write("tasks/steps.py", TASKS)
     project.write("configs/pipeline.yaml", SPEC)
-    project.write(".gitignore", ".conveyor/\n")
+    project.write(".gitignore", ".conveyor/\n__pycache__/\n")  # as a project of conveyor init ignores it
     set_params(project, n=5, scale=2)
     git(project, "init", "-q")
     git(project, "config", "user.name", "conveyor tests")
