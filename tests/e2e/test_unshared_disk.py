@@ -424,3 +424,36 @@ def test_kill_9_of_the_runner_keeps_the_checkpoint_the_worker_sent_and_the_next_
     assert again.returncode == 0, again.stdout + again.stderr
     assert "halves resumes from half 1 of 2 (checkpoint of run " in again.stderr, again.stderr
     assert (project.root / "out.txt").read_text() == "first\nsecond\n"
+
+
+HALVES_TASK = '''
+from conveyor.run.checkpoints import current
+
+
+def halves(ctx):
+    saved = ctx.checkpoint_dir / "first-half"
+    if saved.exists():
+        ctx.out().write_text(saved.read_text() + "second\\n")
+        return
+    saved.write_text("first\\n")
+    current().mark(1, 2, "half")
+    raise RuntimeError("stopped half-way")  # at once: the save goes back with the failure
+'''
+
+
+@pytest.mark.slow
+def test_a_task_failing_on_the_worker_right_after_a_save_sends_it_back(
+        blind_cluster: tuple[Project, str], tmp_path: Path) -> None:
+    project, address = blind_cluster
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/halves.py", HALVES_TASK)
+    project.write("configs/pipeline.yaml", f"pipeline: halves\nprofiles:\n  remote: {{kind: dask, address: "
+                  f"'{address}'}}\nstages:\n  halves: {{task: tasks.halves:halves, on: remote, outs: [out.txt]}}\n")
+    _with_remote(project, tmp_path / "store")
+    first = project.conveyor("run")
+    assert first.returncode == 1 and "stopped half-way" in first.stdout + first.stderr, first.stdout + first.stderr
+    again = project.conveyor("run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "halves resumes from half 1 of 2 (checkpoint of run " in again.stderr, again.stderr
+    assert (project.root / "out.txt").read_text() == "first\nsecond\n"
+    _nothing_left(address)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 GUARD = Path(__file__).with_name("guard.py")
 TAIL_LINES = 20  # of stderr, shown when a command fails
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL of a command's group
+LATE_LINES_S = 1.0  # how long a stage that failed on a worker waits for the lines sent as it failed
 _POLL_S = 0.1  # how often a waiting stage thread looks up (Ctrl-C and timeouts land in between)
 
 Sink = Callable[[str, str], None]  # (stream "out" | "err", line without its newline)
@@ -266,7 +267,11 @@ def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequenc
         try:
             while not done.wait(_POLL_S):
                 pass
-            finished: Finished = future.result()
+            try:
+                finished: Finished = future.result()
+            except BaseException:
+                ended.wait(timeout=LATE_LINES_S)  # the last lines (and checkpoint) sent as it failed there
+                raise
             ended.wait(timeout=KILL_GRACE_S)  # the last lines travel after the result
             return finished
         finally:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.run.commands import Sink, _Batch
+from conveyor.run.commands import LATE_LINES_S, Sink, _Batch
 from conveyor.run.isolated import Payload
 
 if TYPE_CHECKING:
@@ -55,7 +55,11 @@ def run_task_on_worker(client: Client, fn: Callable[[StageContext], None], paylo
         try:
             while not done.wait(_POLL_S):
                 pass
-            outs: dict[str, str] = future.result()
+            try:
+                outs: dict[str, str] = future.result()
+            except BaseException:
+                ended.wait(timeout=LATE_LINES_S)  # the task's last lines and checkpoint, sent as it failed
+                raise
             ended.wait(timeout=5.0)  # the last lines travel after the result
             return outs
         finally:
