@@ -98,7 +98,6 @@ def side_main(argv: list[str]) -> int:
             started = time.perf_counter()
             task(ctx)
             report["seconds"] = time.perf_counter() - started
-    report["threads"] = torch.get_num_threads()
     report["metrics"] = json.loads(metric.read_text())
     if model == "mlp":
         report["sha256"] = weights_sha256(models.load_mlp(out / "model")[0].state_dict())

@@ -18,27 +18,10 @@ import pytest
 import yaml
 from projects import Project
 
+# the kill at a step: what the checkpoint-resume benchmark measures with, one copy for both
+from benchmarks.compute.checkpoint_resume import KILLER as KILL_AT
+
 pytestmark = pytest.mark.slow
-
-KILL_AT = '''
-import os, signal
-if os.environ.get("KILL_AT_STEP"):
-    import conveyor.run.checkpoints as _checkpoints
-
-    _mark = _checkpoints.Checkpoint.mark
-
-    def _mark_then_die(self, step, *args, **kwargs):
-        _mark(self, step, *args, **kwargs)
-        if step >= int(os.environ["KILL_AT_STEP"]):
-            import psutil
-
-            for parent in psutil.Process().parents():
-                if "conveyor" in " ".join(parent.cmdline()[:2]) and "run" in parent.cmdline()[1:3]:
-                    os.kill(parent.pid, signal.SIGKILL)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    _checkpoints.Checkpoint.mark = _mark_then_die
-'''
 
 
 def ten_epochs(project: Project, *, ddp: bool) -> Project:

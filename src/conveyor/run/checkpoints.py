@@ -194,7 +194,7 @@ def _remove(folder: Path) -> Progress | None:
 
 
 def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return _footprint(folder)[1]
 
 
 def limit() -> int:
@@ -226,7 +226,7 @@ def bound(root: Path, most: int, keep: Collection[Path] = ()) -> list[Dropped]:
     stopped attempt's: a bound lower than one save still leaves it resumable)."""
     base = root / STATE_DIR / FOLDER
     folders = [key for stage in base.iterdir() if stage.is_dir() for key in _keys(stage)] if base.is_dir() else []
-    sized = sorted(((_saved_at(f), _size(f), f) for f in folders), key=lambda t: t[0])
+    sized = sorted(((*_footprint(f), f) for f in folders), key=lambda t: t[0])
     total = sum(size for _, size, _ in sized)
     spared = {*keep, *([sized[-1][2]] if sized else [])}  # the newest: the last in order of saving
     dropped = []
@@ -242,6 +242,7 @@ def bound(root: Path, most: int, keep: Collection[Path] = ()) -> list[Dropped]:
     return dropped
 
 
-def _saved_at(folder: Path) -> float:
-    """When anything in ``folder`` was last written."""
-    return max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file()), default=folder.stat().st_mtime)
+def _footprint(folder: Path) -> tuple[float, int]:
+    """When anything in ``folder`` was last written, and the bytes it holds (one walk)."""
+    stats = [p.stat() for p in folder.rglob("*") if p.is_file()]
+    return max((st.st_mtime for st in stats), default=folder.stat().st_mtime), sum(st.st_size for st in stats)

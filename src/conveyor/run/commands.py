@@ -35,7 +35,7 @@ from conveyor.run.nanny_env import user_environ
 from conveyor.run.tree_memory import CommandOverMemory, MemoryBudget, tree_rss, worker_budget
 
 if TYPE_CHECKING:
-    from distributed import Client
+    from distributed import Client, Future
 
     from conveyor.run.unshared import Shipment
 
@@ -243,41 +243,56 @@ def run_on_worker(client: Client, command: Command, sink: Sink, workers: Sequenc
     Interrupted (Ctrl-C, a stage timeout), the command's process group on the worker is
     killed before this returns.
     """
-    from conveyor.run.unshared import saves_fetched
-
     token = uuid.uuid4().hex[:12]
     topic = f"conveyor-cmd-{token}"
+
+    def stop(future: Future[Any]) -> None:
+        client.run(cancel_on_worker, token, on_error="ignore")
+        future.cancel()
+
+    finished: Finished = followed(
+        client, topic, sink, shipment,
+        lambda: client.submit(on_worker, command, token, topic, shipment, key=f"conveyor-cmd-{command.stage}-{token}",
+                              pure=False, retries=0, workers=list(workers) if workers else None,
+                              allow_other_workers=False, resources=dict(resources) if resources else None),
+        stop=stop)
+    return finished
+
+
+def followed(client: Client, topic: str, sink: Sink, shipment: Shipment | None, submit: Callable[[], Future[Any]],
+             *, stop: Callable[[Future[Any]], None]) -> Any:
+    """A stage's Dask task, submitted by ``submit`` and waited for: the lines it sends as events on
+    ``topic`` go to ``sink`` (the saves of its checkpoint are fetched, :func:`conveyor.run.unshared.saves_fetched`);
+    its result once its last lines are in. Left before it ends (Ctrl-C, a stage timeout): ``stop``."""
+    from conveyor.run.unshared import saves_fetched
+
     ended = threading.Event()
 
     def receive(event: tuple[float, Any]) -> None:
-        lines = event[1]
-        if lines is None:
+        if event[1] is None:
             ended.set()
             return
-        for stream, line in lines:
+        for stream, line in event[1]:
             sink(stream, line)
 
     with saves_fetched(shipment, sink) as sink:
         client.subscribe_topic(topic, receive)
-        future = client.submit(on_worker, command, token, topic, shipment, key=f"conveyor-cmd-{command.stage}-{token}",
-                               pure=False, retries=0, workers=list(workers) if workers else None,
-                               allow_other_workers=False, resources=dict(resources) if resources else None)
+        future = submit()
         done = threading.Event()
         future.add_done_callback(lambda _f: done.set())
         try:
             while not done.wait(_POLL_S):
                 pass
             try:
-                finished: Finished = future.result()
+                result = future.result()
             except BaseException:
                 ended.wait(timeout=LATE_LINES_S)  # the last lines (and checkpoint) sent as it failed there
                 raise
             ended.wait(timeout=KILL_GRACE_S)  # the last lines travel after the result
-            return finished
+            return result
         finally:
             if not future.done():
-                client.run(cancel_on_worker, token, on_error="ignore")
-                future.cancel()
+                stop(future)
             client.unsubscribe_topic(topic)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.run.commands import LATE_LINES_S, Sink, _Batch
+from conveyor.run.commands import Sink, _Batch, followed
 from conveyor.run.isolated import Payload
 
 if TYPE_CHECKING:
@@ -26,46 +26,18 @@ if TYPE_CHECKING:
     from conveyor.run.context import StageContext
     from conveyor.run.unshared import Shipment
 
-_POLL_S = 0.1  # how often the waiting stage thread looks up (Ctrl-C and timeouts land in between)
-
-
 def run_task_on_worker(client: Client, fn: Callable[[StageContext], None], payload: Payload, shipment: Shipment,
                        sink: Sink, workers: Sequence[str] | None = None) -> dict[str, str]:
     """Run the task ``fn`` on one worker (of ``workers``, when given) in a scratch directory; its
     log lines come to ``sink``; returns its outs' hashes in the remote."""
-    from conveyor.run.unshared import saves_fetched
-
     topic = f"conveyor-task-{uuid.uuid4().hex[:12]}"
-    ended = threading.Event()
-
-    def receive(event: tuple[float, Any]) -> None:
-        if event[1] is None:
-            ended.set()
-            return
-        for stream, line in event[1]:
-            sink(stream, line)
-
-    with saves_fetched(shipment, sink) as sink:
-        client.subscribe_topic(topic, receive)
-        future = client.submit(task_on_worker, fn, payload, shipment, topic, pure=False,
-                               key=f"conveyor-task-{payload.stage}-{topic[-12:]}", retries=0,
-                               workers=list(workers) if workers else None, allow_other_workers=False)
-        done = threading.Event()
-        future.add_done_callback(lambda _f: done.set())
-        try:
-            while not done.wait(_POLL_S):
-                pass
-            try:
-                outs: dict[str, str] = future.result()
-            except BaseException:
-                ended.wait(timeout=LATE_LINES_S)  # the task's last lines and checkpoint, sent as it failed
-                raise
-            ended.wait(timeout=5.0)  # the last lines travel after the result
-            return outs
-        finally:
-            if not future.done():
-                future.cancel()
-            client.unsubscribe_topic(topic)
+    outs: dict[str, str] = followed(
+        client, topic, sink, shipment,
+        lambda: client.submit(task_on_worker, fn, payload, shipment, topic, pure=False,
+                              key=f"conveyor-task-{payload.stage}-{topic[-12:]}", retries=0,
+                              workers=list(workers) if workers else None, allow_other_workers=False),
+        stop=lambda future: future.cancel())
+    return outs
 
 
 def task_on_worker(fn: Callable[[StageContext], None], payload: Payload, shipment: Shipment,
