@@ -78,25 +78,33 @@ def _walk(repo: Repo, dvc_file: Path, vet: Callable[[Path], None]) -> list[Stage
 
 
 def upstream(root: Path, ours: Mapping[str, Stage], others: Sequence[Stage]) -> Upstream:
-    """For each of ``ours``, the ``.dvc`` files it reads and the deps nobody writes."""
+    """For each of ``ours``, the ``.dvc`` files it reads and the deps nobody writes: each dep asked
+    of an index of the repository's outs (:class:`conveyor.plan.dag.PathIndex`), not of every out
+    (at 5,000 stages every pair was 21 % of `conveyor status`)."""
     from dvc.dependency.param import ParamsDependency
 
-    written = [out.fs_path for stage in [*ours.values(), *others] for out in stage.outs]
+    from conveyor.plan.dag import PathIndex
+
+    written, data = PathIndex(), PathIndex()
+    for stage in [*ours.values(), *others]:
+        for out in stage.outs:
+            written.add(_posix(out.fs_path), "")
+    for other in others:
+        if other.is_data_source:
+            for out in other.outs:
+                data.add(_posix(out.fs_path), _rel(root, other.path))
     sources: dict[str, tuple[str, ...]] = {}
     unmade: dict[str, tuple[str, ...]] = {}
     for name, stage in ours.items():
         deps = [dep for dep in stage.deps if not isinstance(dep, ParamsDependency) and dep.protocol == "local"]
-        sources[name] = tuple(dict.fromkeys(
-            _rel(root, other.path) for other in others if other.is_data_source
-            for dep in deps for out in other.outs if _overlap(dep.fs_path, out.fs_path)))
-        unmade[name] = tuple(_rel(root, dep.fs_path) for dep in deps
-                             if not any(_overlap(dep.fs_path, out) for out in written))
+        found = sorted({key for dep in deps for key in data.keys(_posix(dep.fs_path))})  # in the repository's order
+        sources[name] = tuple(dict.fromkeys(data.owners[key] for key in found))
+        unmade[name] = tuple(_rel(root, dep.fs_path) for dep in deps if not written.keys(_posix(dep.fs_path)))
     return Upstream(sources, unmade)
 
 
-def _overlap(one: str, other: str) -> bool:
-    """The same path, or one inside the other (DVC's edge: an out is, holds or lies in a dep)."""
-    return one == other or one.startswith(other + os.sep) or other.startswith(one + os.sep)
+def _posix(path: str) -> str:
+    return path.replace(os.sep, "/")
 
 
 def _rel(root: Path, path: str) -> str:
