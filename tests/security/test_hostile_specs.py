@@ -454,6 +454,19 @@ def test_a_bomb_in_another_dvc_file_of_the_repository_is_refused_naming_it(dvc_r
     assert wall < WALL_S, f"{wall:.2f}s"
 
 
+def test_a_dvc_yaml_of_6000_stages_is_a_pipeline_not_a_bomb(dvc_repo: Path) -> None:
+    """A DVC file is read with DVC-sized bounds: 6,000 stages (72,000 values, past a spec's
+    50,000) load as DVC loads them; its aliases still may add only 50,000 values."""
+    (dvc_repo / DVC).write_text("stages:\n" + "".join(
+        f"  s{i}:\n    cmd: echo {i} > d/{i}.txt\n    deps: [{f'd/{i - 1}.txt' if i else 'in.txt'}]\n"
+        f"    outs: [d/{i}.txt]\n" for i in range(6000)))
+    loaded = load_project(dvc_repo / DVC)
+    assert len(loaded.pipeline.stages) == 6000 and loaded.graph["s5999"] == frozenset({"s5998"})
+    (dvc_repo / DVC).write_text((dvc_repo / DVC).read_text() + laughs())
+    err, _ = timed(lambda: load_project(dvc_repo / DVC))
+    assert "aliases expand the document past 50,000 values" in str(err)
+
+
 def test_a_stage_name_too_long_for_the_files_a_run_names_after_it_is_a_spec_error(tmp_path: Path) -> None:
     """A run names a stage's log file and journal entry after it (NAME_MAX is 255 bytes): caught
     by validate, not by the run that would fail writing the log. A matrix item's name counts too."""

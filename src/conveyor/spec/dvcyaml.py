@@ -150,7 +150,7 @@ def _read(path: Path) -> LoadedYaml:
     """dvc.yaml with the line of each key (for errors). DVC reports bad YAML itself; a document
     conveyor refuses (a YAML bomb hangs DVC, deep nesting crashes ruamel's C composer) never reaches it."""
     try:
-        return load_yaml(path)
+        return load_yaml(path, dvc_file=True)
     except YamlRefused as exc:
         raise SpecError([yaml_issue(path, exc)]) from None
     except (OSError, yaml.YAMLError):

@@ -31,6 +31,11 @@ Key = tuple[str | int, ...]
 MAX_BYTES = 2 * 2**20
 MAX_DEPTH = 100  # levels of nested mappings and lists
 MAX_NODES = 50_000  # values of the document (keys, scalars, lists, mappings), every alias expanded
+# A DVC file (dvc.yaml, a .dvc file) is a pipeline's whole record of stages, which DVC reads with no
+# bound: a 5,000-stage dvc.yaml is 0.6 MB and 50,000 values. Its bounds are what still reads in
+# seconds (about 0.1 s per 10,000 values), and its aliases may add MAX_NODES values, as any file's.
+MAX_DVC_BYTES = 64 * 2**20
+MAX_DVC_NODES = 2_000_000
 
 
 class YamlRefused(yaml.MarkedYAMLError):
@@ -56,10 +61,13 @@ class _BoundedComposer(Composer):
         def check_event(self, *choices: type[yaml.Event]) -> bool: ...
         def peek_event(self) -> Any: ...  # PyYAML's events, or libyaml's
 
+    max_nodes = MAX_NODES  # values written (aliases not expanded)
+
     def __init__(self) -> None:
         Composer.__init__(self)  # not super(): in a loader's bases, the next __init__ wants a stream
         self._keys: list[str | int] = []  # key path of the node being composed
-        self._count = 0
+        self._count = 0  # values, aliases expanded
+        self._written = 0  # values, aliases not expanded
         self._sizes: dict[yaml.Node, int] = {}
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
@@ -70,8 +78,9 @@ class _BoundedComposer(Composer):
             raise YamlRefused(f"nested more than {MAX_DEPTH} levels deep: flatten it",
                               event.start_mark, self._key(index))
         self._count += 1
-        if self._count > MAX_NODES:
-            raise YamlRefused(f"holds more than {MAX_NODES:,} values: a file this big is data, not "
+        self._written += 1
+        if self._written > self.max_nodes:
+            raise YamlRefused(f"holds more than {self.max_nodes:,} values: a file this big is data, not "
                               "configuration; keep data in files that stages read", event.start_mark,
                               self._key(index))
         self._keys.append(_segment(index))
@@ -95,7 +104,7 @@ class _BoundedComposer(Composer):
                 raise YamlRefused(f"alias '*{event.anchor}' lies inside the node it names: a structure that "
                                   "contains itself", event.start_mark, self._key(index))
             self._count += size
-            if self._count > MAX_NODES:
+            if self._count - self._written > MAX_NODES:
                 raise YamlRefused(f"aliases expand the document past {MAX_NODES:,} values (at '*{event.anchor}'"
                                   "): a YAML bomb, or anchors to write out in full", event.start_mark,
                                   self._key(index))
@@ -138,6 +147,9 @@ Yaml12Loader: Any = _yaml12(yaml.SafeLoader)
 # libyaml's parser (its events; the nodes are composed in Python, bounded), several times faster;
 # a document it refuses is parsed again by PyYAML's, whose messages name the offending character
 _FastLoader: Any = _yaml12(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+_LOADERS = {False: (_FastLoader, Yaml12Loader),  # by dvc_file
+            True: tuple(type(f"Dvc{c.__name__}", (c,), {"max_nodes": MAX_DVC_NODES})
+                        for c in (_FastLoader, Yaml12Loader))}
 
 
 @dataclass(frozen=True)
@@ -157,18 +169,21 @@ class LoadedYaml:
         return None
 
 
-def load_yaml(path: Path, text: str | None = None) -> LoadedYaml:
+def load_yaml(path: Path, text: str | None = None, *, dvc_file: bool = False) -> LoadedYaml:
     """Parse ``path`` (or ``text``, what it would hold); raises ``yaml.YAMLError`` (with a mark)
-    on bad syntax, and its subclass :class:`YamlRefused` for a document conveyor does not read at all."""
-    text = _read_text(path) if text is None else text
+    on bad syntax, and its subclass :class:`YamlRefused` for a document conveyor does not read at all.
+    ``dvc_file``: a DVC file (dvc.yaml, a ``.dvc`` file), read with :data:`MAX_DVC_BYTES` and
+    :data:`MAX_DVC_NODES` as its bounds."""
+    fast, plain = _LOADERS[dvc_file]
+    text = _read_text(path, MAX_DVC_BYTES if dvc_file else MAX_BYTES) if text is None else text
     try:
-        return _load(path, text, _FastLoader)
+        return _load(path, text, fast)
     except YamlRefused:
         raise
     except yaml.YAMLError:
         pass
     try:
-        return _load(path, text, Yaml12Loader)
+        return _load(path, text, plain)
     except yaml.reader.ReaderError as exc:  # a control character: PyYAML gives its offset, not its line
         line = text.count("\n", 0, exc.position)
         column = exc.position - (text.rfind("\n", 0, exc.position) + 1)
@@ -204,18 +219,18 @@ def _line_of(mark: Any) -> str:
     return buffer[start:end if end >= 0 else len(buffer)]
 
 
-def _read_text(path: Path) -> str:
-    """The text of ``path``: a regular file of at most :data:`MAX_BYTES`, in UTF-8."""
+def _read_text(path: Path, limit: int) -> str:
+    """The text of ``path``: a regular file of at most ``limit`` bytes, in UTF-8."""
     if not path.is_file():  # a directory, or a device or pipe that would never end
         what = "a directory" if path.is_dir() else "not a regular file" if path.exists() else "not found"
         raise YamlRefused(f"is {what}: expected a YAML file")
     try:
         with path.open("rb") as stream:
-            data = stream.read(MAX_BYTES + 1)
+            data = stream.read(limit + 1)
     except OSError as exc:
         raise YamlRefused(f"cannot be read: {exc.strerror or exc}") from None
-    if len(data) > MAX_BYTES:
-        raise YamlRefused(f"is larger than {MAX_BYTES // 2**20} MiB: a file this big is data, not "
+    if len(data) > limit:
+        raise YamlRefused(f"is larger than {limit // 2**20} MiB: a file this big is data, not "
                           "configuration; keep data in files that stages read")
     try:
         return data.decode("utf-8")
