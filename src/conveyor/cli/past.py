@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from conveyor.cli.common import SpecOption, app, err, out, project_of
+from conveyor.cli.common import SpecOption, app, err, out
 from conveyor.cli.server import kept_line
 from conveyor.errors import UsageError
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from conveyor.run.record import RunRecord
-    from conveyor.spec.project import Project
+    from conveyor.spec.project import Place
 
 
 @app.command()
@@ -28,7 +28,7 @@ def runs(
     """List the past runs of the spec, newest first: status, wall time, stages ran/skipped/failed, -S."""
     from conveyor.cli.history import runs_table
 
-    project, found, _ = _past_runs(config)
+    project, _, found, _ = _past_runs(config)
     if not found:
         out.print(f"no runs of {project.rel(project.spec_path)} yet (`conveyor run{project.spec_option}` makes one)",
                   highlight=False)
@@ -63,14 +63,14 @@ def compare(
     if as_json and as_csv:
         raise UsageError("--json and --csv: give one of them")
     page = _plot_path(plot) if plot is not None else None
-    project, mine, others = _past_runs(config)
+    project, name, mine, others = _past_runs(config)
     chosen = pick(run_ids, mine, others) if run_ids else mine[-5:]
     spec = project.rel(project.spec_path)
     if not chosen:
         out.print(f"no runs of {spec} yet (`conveyor run{project.spec_option}` makes one)", highlight=False)
         return
     rows = rows_of(chosen)
-    title = f"{project.pipeline.pipeline} ({spec}): {len(chosen)} run{'s' if len(chosen) != 1 else ''}"
+    title = f"{name} ({spec}): {len(chosen)} run{'s' if len(chosen) != 1 else ''}"
     if as_json or as_csv:
         from conveyor.cli.history import machine_rows
 
@@ -98,18 +98,20 @@ def _print_whole(table: Table) -> None:
         out.width = width
 
 
-def _past_runs(config: Path | None) -> tuple[Project, list[RunRecord], list[RunRecord]]:
-    """The project, its readable runs of this spec (oldest first) and those of other specs."""
+def _past_runs(config: Path | None) -> tuple[Place, str, list[RunRecord], list[RunRecord]]:
+    """Where the spec lives, its pipeline's name, its readable runs (oldest first) and those of
+    other specs. The project is located, not loaded: past runs need no stage of it."""
     from conveyor.cli.history import of_spec
     from conveyor.run.record import load_runs
+    from conveyor.spec.project import locate, resolve_spec
 
-    project = project_of(config)
+    project, name = locate(resolve_spec(config))
     every, unreadable = load_runs(project.root)
     for path in unreadable:
         err.print(f"skipped {project.rel(path)}: not a readable run record", style="yellow", highlight=False)
     mine = of_spec(every, project.rel(project.spec_path), default=not project.spec_option)
     ids = {r.run_id for r in mine}
-    return project, mine, [r for r in every if r.run_id not in ids]
+    return project, name, mine, [r for r in every if r.run_id not in ids]
 
 
 def _plot_path(path: Path) -> Path:

@@ -33,11 +33,32 @@ DEFAULT_SPEC = Path("configs/pipeline.yaml")
 DVC_FILE = "dvc.yaml"
 ROOT_MARKERS = ("pyproject.toml", "dvc.yaml")
 
-__all__ = ["Project", "find_root", "load_project", "lookup", "resolve_spec"]
+__all__ = ["Place", "Project", "find_root", "load_project", "locate", "lookup", "resolve_spec"]
 
 
 @dataclass(frozen=True)
-class Project:
+class Place:
+    """Where a spec lives: its project's root and the spec's path."""
+
+    root: Path
+    spec_path: Path
+
+    @property
+    def spec_option(self) -> str:
+        """`` -c SPEC`` for a command line naming this project's spec; empty for the default one."""
+        try:
+            default = resolve_spec(None, self.root)
+        except UsageError:
+            default = None
+        return "" if self.spec_path == default else f" -c {self.rel(self.spec_path)}"
+
+    def rel(self, path: Path) -> str:
+        """``path`` relative to the root, or absolute when it lies outside (a spec given with -c)."""
+        return path.relative_to(self.root).as_posix() if path.is_relative_to(self.root) else str(path)
+
+
+@dataclass(frozen=True)
+class Project(Place):
     """A valid spec with everything the planner and runner need to know about it.
 
     ``pipeline`` is the spec with ``${...}`` replaced (what runs); ``declared`` is the spec
@@ -45,8 +66,6 @@ class Project:
     ``dvc`` is set when the stages come from an existing dvc.yaml (SPEC.md §2.3).
     """
 
-    root: Path
-    spec_path: Path
     pipeline: Pipeline
     params_path: Path
     params: Mapping[str, Any]
@@ -86,15 +105,6 @@ class Project:
             return dict(found) if found is not None else None
         item = self.matrix.items.get(stage) if self.matrix is not None else None
         return dict(item) if item is not None else None
-
-    @property
-    def spec_option(self) -> str:
-        """`` -c SPEC`` for a command line naming this project's spec; empty for the default one."""
-        try:
-            default = resolve_spec(None, self.root)
-        except UsageError:
-            default = None
-        return "" if self.spec_path == default else f" -c {self.rel(self.spec_path)}"
 
     def expand(self, names: Sequence[str], *, glob: bool = False) -> list[str]:
         """Stage names as a command line gives them: a stage, or a matrix/foreach group
@@ -151,10 +161,6 @@ class Project:
                 self._sources[spec.module] = sorted(local_sources(self.root, spec.module, self.pipeline.task_packages))
             return list(self._sources[spec.module])
 
-    def rel(self, path: Path) -> str:
-        """``path`` relative to the root, or absolute when it lies outside (a spec given with -c)."""
-        return path.relative_to(self.root).as_posix() if path.is_relative_to(self.root) else str(path)
-
 
 def find_root(start: Path) -> Path:
     """The nearest directory at or above ``start`` holding pyproject.toml or dvc.yaml."""
@@ -182,6 +188,42 @@ def resolve_spec(spec: Path | None, cwd: Path | None = None) -> Path:
     if not path.is_file():
         raise UsageError(f"spec file {path} not found (pass -c FILE)")
     return path.resolve()
+
+
+def locate(spec_path: Path) -> tuple[Place, str]:
+    """The place of ``spec_path`` and its pipeline's name, as :func:`load_project` finds them,
+    without loading its stages: what reading past run records needs (``conveyor runs`` and
+    ``compare``), where loading a 5,000-stage dvc.yaml through DVC takes seconds. A spec whose
+    place is not plain to see (not in a DVC repository, no name) is loaded, and its errors raised."""
+    spec_path = spec_path.resolve()
+    found = _plain_place(spec_path)
+    if found is not None:
+        return found
+    project = load_project(spec_path)
+    return project, project.pipeline.pipeline
+
+
+def _plain_place(spec_path: Path) -> tuple[Place, str] | None:
+    try:
+        written = None if spec_path.name == DVC_FILE else _load(spec_path)
+        root = find_root(spec_path.parent)
+    except (SpecError, UsageError):
+        return None
+    data = written.data if written is not None and isinstance(written.data, dict) else {}
+    name = data.get("pipeline")
+    if written is None or is_placement(written):  # the root is the DVC repository's, as DVC finds it
+        from dvc.exceptions import NotDvcRepoError
+        from dvc.repo import Repo
+
+        target = spec_path if written is None else spec_path.parent / str(data["dvc"])
+        if not target.is_file():  # the dvc.yaml at the root instead: loading finds it
+            return None
+        try:
+            root = Path(Repo.find_root(str(target.parent)))
+        except NotDvcRepoError:
+            return None
+        name = name or root.name
+    return (Place(root, spec_path), name) if isinstance(name, str) and name else None
 
 
 def load_project(spec_path: Path, cwd: Path | None = None, *, params_text: str | None = None,
