@@ -11,7 +11,8 @@ written as the commands would write them and dvc.lock is generated from their ha
 format, conveyor's hasher, which gives DVC's hashes); `dvc status` saying the pipeline is up to
 date is the check that the generated record is right. Then, interleaved, `dvc status`
 (baseline) against `conveyor status`, and a no-op `conveyor run` (PREFECT_API_URL unset: a
-no-op starts no server), `conveyor validate` and `conveyor dag`, each checked to exit 0 (and
+no-op starts no server), `conveyor validate`, `dag`, `runs` and `compare` (of the no-op runs'
+records: up to 11 records of n stages each), each checked to exit 0 (and
 the no-op run's record to say every stage skipped). Goals (issue 34): every read-only command
 and the no-op run <= 2 s at 5,000 stages, and <= 0.5x `dvc status` at 1,000.
 
@@ -23,7 +24,9 @@ within 1.5x the first).
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from datetime import datetime
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met
+from benchmarks.harness import REPO, RESULTS, Config, Metric, Result, check, interleaved, median, met
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
     cli,
@@ -43,12 +46,13 @@ from benchmarks.projects import (
 )
 
 NAME = "scale"
-DESCRIPTION = ("decide time (status, no-op run, validate, dag) of 10 to 5,000-stage dvc.yaml chains and wide DAGs "
-               "beside dvc status; per-stage recording cost of a forced run up to 1,000 stages")
+DESCRIPTION = ("decide time (status, no-op run, validate, dag, runs, compare) of 10 to 5,000-stage dvc.yaml chains "
+               "and wide DAGs beside dvc status; per-stage recording cost of a forced run of 2,000 stages")
 UP_TO_DATE = "Data and pipelines are up to date."
 GOAL_S = 2.0  # every read-only command and a no-op run at 5,000 stages
 GOAL_VS_DVC = 0.5  # at 1,000 stages, conveyor status within this many times dvc status
 RECORD_GOAL = 1.5  # the last hundred stages' per-stage cost within this many times the first hundred's
+PLOT = RESULTS / "scale.png"  # the curve the README shows, drawn again by each full run
 
 
 def name(k: int) -> str:
@@ -157,6 +161,8 @@ def decide(scratch: Path, shape: str, n: int, repeats: int, log: Callable[[str],
         "no-op run": lambda: _noop_run(root, env, stages),
         "validate": lambda: _conveyor(root, env, "validate"),
         "dag": lambda: _conveyor(root, env, "dag"),
+        "runs": lambda: _conveyor(root, env, "runs"),  # the warm-up's record and those of the no-op runs
+        "compare": lambda: _conveyor(root, env, "compare"),
     }
     base, cand = interleaved(repeats, lambda _i: _dvc_status(root, env),
                              lambda _i: {k: fn() for k, fn in commands.items()}, log)
@@ -190,7 +196,7 @@ def recording(scratch: Path, n: int, server: PrefectServer, log: Callable[[str],
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     sizes = [10, 100, 1000] if config.quick else [10, 100, 1000, 5000]
-    record_n = 200 if config.quick else 1000
+    record_n = 200 if config.quick else 2000
     repeats = config.reps(full=5, quick=2)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-scale-"))
     (scratch / "prefect-home").mkdir()
@@ -218,6 +224,9 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                      f"{met(last / first <= RECORD_GOAL)})")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if not config.quick:
+        plot({m.label: (median(m.baseline), median(m.candidate)) for m in metrics}, PLOT)
+        notes.append(f"plot: {PLOT.relative_to(REPO)}")
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="`dvc status` in the same up-to-date project (recording: the first hundred stages)",
@@ -234,3 +243,55 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 "after the forced run every stage succeeded and `dvc status` is clean"],
         notes=notes,
     )
+
+
+# --- the plot -------------------------------------------------------------------------------
+
+ROW = re.compile(r"^(chain|wide) (\d+): `conveyor ([^`]+)` vs `dvc status` \(s\)$")
+
+
+def plot(medians: dict[str, tuple[float, float]], path: Path) -> None:
+    """Decide time against stages, one panel per shape: `dvc status` and each conveyor command
+    (medians, log-log), the 2 s goal drawn across. ``medians``: metric label -> (baseline, candidate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, shape in zip(axes, ("chain", "wide"), strict=True):
+        lines: dict[str, dict[int, float]] = {}
+        for label, (base, cand) in medians.items():
+            if (m := ROW.match(label)) and m[1] == shape:
+                lines.setdefault("dvc status", {})[int(m[2])] = base
+                lines.setdefault(f"conveyor {m[3]}", {})[int(m[2])] = cand
+        for name, points in lines.items():
+            xs = sorted(points)
+            ax.plot(xs, [points[x] for x in xs], marker="o", label=name,
+                    linestyle="--" if name == "dvc status" else "-", color="black" if name == "dvc status" else None)
+        ax.axhline(GOAL_S, color="red", linewidth=0.8, linestyle=":", label=f"goal at 5,000: {GOAL_S:g} s")
+        ax.set(xscale="log", yscale="log", title=f"{shape} dvc.yaml", xlabel="stages")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,g}"))
+        ax.grid(True, which="both", linewidth=0.3)
+    axes[0].set_ylabel("seconds (median), up to date")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def medians_of(result_file: Path) -> dict[str, tuple[float, float]]:
+    """The medians of a written result file's "per repetition" values, by metric label."""
+    found: dict[str, tuple[float, float]] = {}
+    lines = result_file.read_text(encoding="utf-8").splitlines()
+    for at, line in enumerate(lines):
+        if ROW.match(line.strip().rstrip(":")) and at + 2 < len(lines):
+            base, cand = ([float(v) for v in lines[at + k].split("[", 1)[1].rstrip("]").split(",")] for k in (1, 2))
+            found[line.strip().rstrip(":")] = (median(base), median(cand))
+    return found
+
+
+if __name__ == "__main__":  # python -m benchmarks.dvc.scale RESULT_FILE: the plot again, from a written result
+    plot(medians_of(Path(sys.argv[1])), PLOT)
+    print(PLOT)
