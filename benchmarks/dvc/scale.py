@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import REPO, RESULTS, Config, Metric, Result, check, interleaved, median, met
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import (
     cli,
@@ -52,7 +52,7 @@ UP_TO_DATE = "Data and pipelines are up to date."
 GOAL_S = 2.0  # every read-only command and a no-op run at 5,000 stages
 GOAL_VS_DVC = 0.5  # at 1,000 stages, conveyor status within this many times dvc status
 RECORD_GOAL = 1.5  # the last hundred stages' per-stage cost within this many times the first hundred's
-PLOT = RESULTS / "scale.png"  # the curve the README shows, drawn again by each full run
+PLOT = REPO / "docs" / "img" / "scale.png"  # the curve the README and the docs show, drawn by each full run
 
 
 def name(k: int) -> str:
