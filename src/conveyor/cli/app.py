@@ -66,8 +66,9 @@ def logs(
 ) -> None:
     """Print a stage's log: its task's logging and prints, its libraries' output, a command's lines."""
     from conveyor.run.logs import find_log
+    from conveyor.spec.project import locate, resolve_spec
 
-    root = project_of(config).root if config else _root_for_logs()
+    root = locate(resolve_spec(config))[0].root if config else _root_for_logs()  # a log needs no stage loaded
     path, found_run = find_log(root, stage, run_id)
     err.print(f"log of {stage}, run {found_run}: {path}", style="dim", highlight=False, soft_wrap=True)
     sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))
