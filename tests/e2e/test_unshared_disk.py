@@ -93,6 +93,7 @@ stages:
 """
 
 PARAMS = "source: {{value: {value}}}\ndouble: {{hang: {double}}}\nsquare: {{hang: {square}}}\n"
+CLUSTER_TAG = "CONVEYOR_TEST_CLUSTER"  # in the environment of a cluster's processes and what they start
 
 
 def _hidden(root: Path, argv: list[str]) -> list[str]:
@@ -109,6 +110,7 @@ def _blind(root: Path, elsewhere: Path, workers: int, nthreads: int, *, hidden: 
     port = open_port("127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env[CLUSTER_TAG] = address  # inherited by what the workers start: this cluster's, not another test's
     argvs = [["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"]]
     argvs += [["dask", "worker", address, "--nthreads", str(nthreads), "--memory-limit", "2GiB", "--host",
                "127.0.0.1", "--dashboard-address", "127.0.0.1:0", "--name", f"blind{i}"] for i in range(workers)]
@@ -175,17 +177,21 @@ def _nothing_left(address: str) -> None:
     """Within a few seconds, no scratch directory on the worker and no process of the command."""
     deadline = time.monotonic() + 20
     with Client(address) as client:
-        while (left := _scratch_left(client) + _commands()) and time.monotonic() < deadline:
+        while (left := _scratch_left(client) + _commands(address, "scripts/double.py")) and time.monotonic() < deadline:
             time.sleep(0.2)
     assert left == []
 
 
-def _commands() -> list[str]:
+def _commands(address: str, text: str) -> list[str]:
+    """The command lines holding ``text`` of the processes the cluster at ``address`` started."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         line = " ".join(proc.info["cmdline"] or [])
-        if "scripts/double.py" in line:
-            found.append(line)
+        try:
+            if text in line and proc.environ().get(CLUSTER_TAG) == address:
+                found.append(line)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
     return found
 
 
@@ -417,7 +423,7 @@ def test_kill_9_of_the_runner_keeps_the_checkpoint_the_worker_sent_and_the_next_
         proc.communicate()
     _nothing_left(address)
     deadline = time.monotonic() + 20  # the command on the worker was stopped with the run
-    while any(p.info["cmdline"] == ["sleep", "600"] for p in psutil.process_iter(["cmdline"])):
+    while _commands(address, "sleep 600"):  # this cluster's: other tests' commands sleep 600 s too
         assert time.monotonic() < deadline, "the command outlived the killed run"
         time.sleep(0.2)
     again = project.conveyor("run")
