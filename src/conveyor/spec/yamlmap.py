@@ -30,7 +30,9 @@ Key = tuple[str | int, ...]
 # refused in about half a second.
 MAX_BYTES = 2 * 2**20
 MAX_DEPTH = 100  # levels of nested mappings and lists
-MAX_NODES = 50_000  # values of the document (keys, scalars, lists, mappings), every alias expanded
+# values of the document (keys, scalars, lists, mappings) as written, and the most its aliases may
+# add to it when expanded (a bomb of a few hundred bytes expands to 9^9)
+MAX_NODES = 50_000
 # A DVC file (dvc.yaml, a .dvc file) is a pipeline's whole record of stages, which DVC reads with no
 # bound: a 5,000-stage dvc.yaml is 0.6 MB and 50,000 values. Its bounds are what still reads in
 # seconds (about 0.1 s per 10,000 values), and its aliases may add MAX_NODES values, as any file's.
