@@ -152,6 +152,17 @@ def test_compare_two_runs_differing_by_one_param(demo: Path) -> None:
         ["20261124T100500-bbbbbb", "0.2", "0.3*", "6", "0.95", "120"]]
 
 
+def test_compare_of_runs_with_no_params_or_metrics_keeps_its_title_on_one_line(demo: Path) -> None:
+    """A pipeline of commands that declare neither: the table is one column of run ids, and its
+    title (wider than that column) stays whole above it."""
+    for n, run_id in enumerate(("20261124T100000-aaaaaa", "20261124T100500-bbbbbb")):
+        write_run(demo, run_id, 5 * n, stages={"train": StageRecord("succeeded")})
+    out = conveyor("compare").stdout.splitlines()
+    assert out[0].strip() == "demo (configs/pipeline.yaml): 2 runs"
+    assert out[1].split() == ["run"] and [line.split() for line in out[3:5]] == [
+        ["20261124T100000-aaaaaa"], ["20261124T100500-bbbbbb"]]
+
+
 def test_compare_for_scripts_every_param_unfolded(demo: Path) -> None:
     plain_runs(demo)
     shown = conveyor("compare", "--json")

@@ -188,7 +188,8 @@ def _titled(rows: Sequence[Row], title: str, hidden: int = 0) -> Table:
         notes.append(f"{hidden} param{'s' if hidden != 1 else ''} the same in every row not shown (--all shows them)")
     caption = "; ".join(notes) or None
     return Table(title=title or None, title_justify="left", caption=caption, caption_justify="left",
-                 box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+                 box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                 min_width=len(title) or None)  # a table narrower than its title (no params, no metrics) folded it
 
 
 def machine_rows(rows: Sequence[Row], form: str) -> str:
