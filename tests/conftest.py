@@ -41,17 +41,37 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2 * len(os.sched_getaffinity(0))
 
 
+# os.environ as the session began (after the settings above): what every test starts from
+_SESSION_ENVIRON = dict(os.environ)
+
+
 @pytest.fixture(autouse=True)
 def _environ_as_the_session_had_it() -> Iterator[None]:
-    """Each test ends with ``os.environ`` as it began: a Dask nanny started in a test's own
-    process writes ``OMP_NUM_THREADS`` and the like into it (Dask's pre-spawn-environ) and never
-    takes them back, and a project's environment is a copy of it, so a later test's ``conveyor``
-    ran with a previous test's variables (in whatever order xdist deals the tests)."""
+    """Each test starts and ends with Dask's nanny variables as the session began, and ends with
+    the rest of ``os.environ`` as it began: a Dask nanny in the tests' process (a cluster fixture
+    of any scope) writes ``OMP_NUM_THREADS=1`` and the like into ``os.environ`` before it spawns a
+    worker (Dask's pre-spawn-environ) and never takes them back, and a project's environment is a
+    copy of ``os.environ``: a later test's ``conveyor`` ran with them (in whatever order xdist
+    deals the tests). The workers already spawned keep theirs."""
+    _nanny_variables_as_the_session_began()
     before = dict(os.environ)
     yield
     if dict(os.environ) != before:
         os.environ.clear()
         os.environ.update(before)
+    _nanny_variables_as_the_session_began()
+
+
+def _nanny_variables_as_the_session_began() -> None:
+    if "dask" not in sys.modules:  # no cluster in this process yet
+        return
+    import dask.config
+
+    for name in dask.config.get("distributed.nanny.pre-spawn-environ", default=None) or {}:
+        if name in _SESSION_ENVIRON:
+            os.environ[name] = _SESSION_ENVIRON[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def free_port() -> int:
