@@ -37,8 +37,14 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two test processes per core. Much of the suite waits (on servers starting, a
     cluster losing its workers, Slurm's scheduler, a killed run's processes going), and a waiting
-    test leaves its core to the other: on 2 cores, 4 processes ran the suite in 16:52, 2 in 20:20."""
-    return 2 * len(os.sched_getaffinity(0))
+    test leaves its core to the other: on 2 cores, 4 processes ran the suite in 16:52, 2 in 20:20.
+    Not more than one per 2 GiB of available memory beyond one per core (each holds a Prefect
+    server and, in its tests, clusters and pipelines)."""
+    import psutil
+
+    cores = len(os.sched_getaffinity(0))
+    memory_bound = int(psutil.virtual_memory().available) // 2**31
+    return min(2 * cores, max(cores, memory_bound))
 
 
 # os.environ as the session began (after the settings above): what every test starts from
