@@ -314,3 +314,27 @@ def test_the_checkpoints_of_a_project_are_bounded_the_oldest_dropped_first(make_
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "CONVEYOR_CHECKPOINTS_MAX='lots': give the most a project's checkpoints may hold together, like 10GiB or "
         "500MB (the oldest are dropped first)"), bad.stderr
+
+
+def test_the_bound_skips_a_checkpoint_removed_while_it_walks_them(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage starting an attempt walks every checkpoint of the project while another stage of the
+    run succeeds and drops its own: the one gone meanwhile is neither an error nor reported dropped
+    (it failed the starting stage with FileNotFoundError, seen on 4 test processes)."""
+    from conveyor.run import checkpoints
+
+    base = tmp_path / ".conveyor" / "checkpoints"
+    for stage, key in (("a", "k1"), ("b", "k2")):
+        (base / stage / key).mkdir(parents=True)
+        (base / stage / key / "save.bin").write_bytes(b"x" * 100)
+    listed = checkpoints._keys
+
+    def listed_then_removed(folder: Path) -> list[Path]:
+        found = listed(folder)
+        if folder.name == "b":  # b succeeded between the listing and the walk
+            shutil.rmtree(folder)
+        return found
+
+    monkeypatch.setattr(checkpoints, "_keys", listed_then_removed)
+    assert checkpoints.bound(tmp_path, 0) == []  # a's is the newest left: spared
+    assert (base / "a" / "k1" / "save.bin").exists()

@@ -184,7 +184,10 @@ def saved_stages(root: Path) -> dict[str, int]:
 
 
 def _keys(folder: Path) -> list[Path]:
-    return [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    except FileNotFoundError:  # removed meanwhile: a stage that succeeded drops its own
+        return []
 
 
 def _remove(folder: Path) -> Progress | None:
@@ -194,7 +197,8 @@ def _remove(folder: Path) -> Progress | None:
 
 
 def _size(folder: Path) -> int:
-    return _footprint(folder)[1]
+    found = _footprint(folder)
+    return found[1] if found is not None else 0
 
 
 def limit() -> int:
@@ -226,7 +230,7 @@ def bound(root: Path, most: int, keep: Collection[Path] = ()) -> list[Dropped]:
     stopped attempt's: a bound lower than one save still leaves it resumable)."""
     base = root / STATE_DIR / FOLDER
     folders = [key for stage in base.iterdir() if stage.is_dir() for key in _keys(stage)] if base.is_dir() else []
-    sized = sorted(((*_footprint(f), f) for f in folders), key=lambda t: t[0])
+    sized = sorted(((*found, f) for f in folders if (found := _footprint(f)) is not None), key=lambda t: t[0])
     total = sum(size for _, size, _ in sized)
     spared = {*keep, *([sized[-1][2]] if sized else [])}  # the newest: the last in order of saving
     dropped = []
@@ -242,7 +246,11 @@ def bound(root: Path, most: int, keep: Collection[Path] = ()) -> list[Dropped]:
     return dropped
 
 
-def _footprint(folder: Path) -> tuple[float, int]:
-    """When anything in ``folder`` was last written, and the bytes it holds (one walk)."""
-    stats = [p.stat() for p in folder.rglob("*") if p.is_file()]
-    return max((st.st_mtime for st in stats), default=folder.stat().st_mtime), sum(st.st_size for st in stats)
+def _footprint(folder: Path) -> tuple[float, int] | None:
+    """When anything in ``folder`` was last written, and the bytes it holds (one walk); None when
+    it went meanwhile (another stage of the run succeeded and dropped its own, or saved anew)."""
+    try:
+        stats = [p.stat() for p in folder.rglob("*") if p.is_file()]
+        return max((st.st_mtime for st in stats), default=folder.stat().st_mtime), sum(st.st_size for st in stats)
+    except FileNotFoundError:
+        return None
