@@ -66,7 +66,7 @@ def test_what_outlives_the_command_is_killed_and_reported(tmp_path: Path) -> Non
 @needs_hyperfine
 def test_alternating_runs_each_side_once_a_repetition(tmp_path: Path) -> None:
     base, cand = alternating([sys.executable, "-c", "pass"],
-                             [sys.executable, "-c", "import time; time.sleep(0.2)"], tmp_path, os.environ, 3)
+                             [sys.executable, "-c", "import time; time.sleep(1.5)"], tmp_path, os.environ, 3)
 
     assert len(base) == len(cand) == 3
     assert all(c > b for b, c in zip(base, cand, strict=True))
