@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from conveyor.cli import run, signals  # noqa: F401 - run: `conveyor run` registers first, at the top of --help
-from conveyor.cli.common import SpecOption, app, complete_stages, err, out, project_of, recover_outs
+from conveyor.cli.common import SpecOption, app, complete_stages, err, out, place_of, project_of, recover_outs
 from conveyor.cli.exits import exit_now, usage_error
 from conveyor.errors import UNWRITABLE, ConveyorError, UnwritableError, UsageError
 from conveyor.spec.project import Project
@@ -66,9 +66,8 @@ def logs(
 ) -> None:
     """Print a stage's log: its task's logging and prints, its libraries' output, a command's lines."""
     from conveyor.run.logs import find_log
-    from conveyor.spec.project import locate, resolve_spec
 
-    root = locate(resolve_spec(config))[0].root if config else _root_for_logs()  # a log needs no stage loaded
+    root = place_of(config)[0].root if config else _root_for_logs()  # a log needs no stage loaded
     path, found_run = find_log(root, stage, run_id)
     err.print(f"log of {stage}, run {found_run}: {path}", style="dim", highlight=False, soft_wrap=True)
     sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from conveyor.errors import UsageError
-from conveyor.spec.project import Project, load_project, resolve_spec
+from conveyor.spec.project import Place, Project, load_project, locate, resolve_spec
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Declarative ML pipelines: one YAML spec, one DAG, run as a Prefect flow.")
@@ -97,6 +97,12 @@ def project_of(config: Path | None, *, all_pipelines: bool = False) -> Project:
     """The project of the spec ``-c`` names, or the one found from the working directory
     (``all_pipelines``: with every dvc.yaml of the repository, ``dvc repro -P``)."""
     return load_project(resolve_spec(config), all_pipelines=all_pipelines)
+
+
+def place_of(config: Path | None) -> tuple[Place, str]:
+    """Where the spec ``-c`` names (or the one found from the working directory) lives and its
+    pipeline's name, without loading its stages: for commands that read what past runs left."""
+    return locate(resolve_spec(config))
 
 
 def profile_swaps(pairs: list[str]) -> dict[str, str]:

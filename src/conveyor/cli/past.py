@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from conveyor.cli.common import SpecOption, app, err, out
+from conveyor.cli.common import SpecOption, app, err, out, place_of
 from conveyor.cli.server import kept_line
 from conveyor.errors import UsageError
 
@@ -103,9 +103,8 @@ def _past_runs(config: Path | None) -> tuple[Place, str, list[RunRecord], list[R
     other specs. The project is located, not loaded: past runs need no stage of it."""
     from conveyor.cli.history import of_spec
     from conveyor.run.record import load_runs
-    from conveyor.spec.project import locate, resolve_spec
 
-    project, name = locate(resolve_spec(config))
+    project, name = place_of(config)
     every, unreadable = load_runs(project.root)
     for path in unreadable:
         err.print(f"skipped {project.rel(path)}: not a readable run record", style="yellow", highlight=False)
