@@ -168,9 +168,12 @@ def test_a_set_prefect_api_url_keeps_no_server(make_project: Callable[[], Projec
     project.env["CONVEYOR_SERVER_IDLE"] = "60"
     project.write("configs/pipeline.yaml", "pipeline: p\nstages:\n  one: {cmd: echo 1 > one.txt, outs: [one.txt]}\n")
     assert project.conveyor("run").returncode == 0
-    assert not (Path(project.env["PREFECT_HOME"]) / "conveyor-server").exists()
+    home = Path(project.env["PREFECT_HOME"])
+    assert not (home / "conveyor-server/server.json").exists() and not keepers(home)
     status = project.conveyor("server", "status")
     assert status.returncode == 0 and "PREFECT_API_URL is set" in status.stdout
+    assert "warm runners:  1" in status.stdout  # what the next run is forked by: kept with a server set too
+    assert "stopping 1 warm runner(s)" in project.conveyor("server", "stop").stdout
 
 
 def test_a_bad_idle_time_is_one_line_and_exit_2(make_project: Callable[[], Project], home: Path) -> None:

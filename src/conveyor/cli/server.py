@@ -11,7 +11,8 @@ import typer
 from conveyor.cli.common import app, out
 
 server_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                         help="The local Prefect server conveyor keeps between runs (no PREFECT_API_URL set).")
+                         help="The local Prefect server conveyor keeps between runs (no PREFECT_API_URL set), "
+                              "and its warm runners.")
 app.add_typer(server_app, name="server")
 
 
@@ -30,7 +31,24 @@ def kept_line() -> str | None:
 
 @server_app.command()
 def status() -> None:
-    """Whether a kept server runs for this PREFECT_HOME: its URL, pid, the runs using it, its idle stop."""
+    """Whether a kept server runs for this PREFECT_HOME: its URL, pid, the runs using it, its idle stop;
+    and the warm runners that start runs without importing Prefect each time."""
+    _server_status()
+    out.print(_warm_line(), highlight=False, soft_wrap=True)
+
+
+def _warm_line() -> str:
+    from conveyor.cli.warm_runner import runners
+
+    found = runners()
+    if not found:
+        return "warm runners:  none (the next `conveyor run` starts one for the runs after it; CONVEYOR_WARM=0: none)"
+    pids = ", ".join(f"{r.pid}{' starting' if r.served < 0 else ''}" for r in found)
+    return (f"warm runners:  {len(found)} (pid {pids}; each stops after {_span(found[0].idle_s)} unused; "
+            "`conveyor server stop` stops them)")
+
+
+def _server_status() -> None:
     from conveyor.prefect.kept import idle_s, prefect_home, seen
 
     if os.environ.get("PREFECT_API_URL"):
@@ -59,10 +77,16 @@ def stop(
     force: Annotated[bool, typer.Option("--force", help="Stop it even while runs use it (they fail for "
                                                         "their server; their stages keep their outcome).")] = False,
 ) -> None:
-    """Stop the kept server now (refused while runs use it, unless --force); the next run starts another."""
+    """Stop the kept server now (refused while runs use it, unless --force), and the warm runners (each
+    once the runs it started have ended); the next run starts others."""
+    from conveyor.cli.warm_runner import stop_all
     from conveyor.prefect.kept import prefect_home
     from conveyor.prefect.kept import stop as stop_server
 
+    warm = stop_all()
+    if warm:
+        out.print(f"stopping {len(warm)} warm runner(s) (pid {', '.join(str(r.pid) for r in warm)}): each ends once "
+                  "the runs it started have", highlight=False, soft_wrap=True)
     stopped = stop_server(prefect_home() / "conveyor-server", force)
     if stopped is None:
         out.print("no Prefect server kept: nothing to stop", highlight=False)

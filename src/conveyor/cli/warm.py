@@ -1,0 +1,256 @@
+"""The ``conveyor`` command's entry: a run handed to a warm runner, else run here as before.
+
+A run that forces one trivial stage spent most of its time importing Prefect (0.7 s), DVC and
+their dependencies (1 s of a 1.6 s run on 2 cores), while ``dvc repro -s -f`` takes 0.5 s in
+all. So the first ``conveyor run`` or ``exec`` also starts a **warm runner**
+(:mod:`conveyor.cli.warm_runner`): a process that has imported those libraries once and forks a
+child for each later run of the same environment, which imports only conveyor and goes straight
+to the pipeline. What a run does is unchanged: the child is given this process's arguments,
+working directory, environment, umask and its standard input, output and error themselves (the
+descriptors, passed over a Unix socket), so terminals, pipes and redirections behave as they
+would here. This process stays as the run's stand-in: it forwards Ctrl-C, ``kill``, a closed
+terminal (SIGHUP), Ctrl-Z and a resized window to the child, and exits with the child's code
+(or dies of the child's signal). Killed itself, even by ``kill -9``, its child is killed at once
+(SIGKILL, as the run would have been).
+
+A runner serves only runs that a fresh process would run exactly as it does: the same Python,
+``sys.path``, flags, user, groups, CPU set, resource limits, namespaces and cgroup, the same
+installed packages (the modification times of every ``sys.path`` folder: an install or upgrade
+changes them) and the same environment but for variables that only describe the terminal or
+shell (:data:`VOLATILE`). Anything else gets a runner of its own; at most
+:data:`conveyor.cli.warm_runner.MAX_RUNNERS` are kept per ``PREFECT_HOME``. It runs on Linux
+(abstract Unix sockets, ``SO_PEERCRED``: only the same user is served), is found by a name
+derived from all of the above, and ends :envvar:`CONVEYOR_SERVER_IDLE` seconds (the kept Prefect
+server's idle time, 900 by default) after its last run; ``conveyor server status`` lists it and
+``conveyor server stop`` stops it. ``CONVEYOR_WARM=0`` (or ``CONVEYOR_SERVER_IDLE=0``) runs
+every command here, as before.
+
+Standard library only, and no import of conveyor beyond this package: the hand-over is on every run's path.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+from types import FrameType
+
+COMMANDS = frozenset({"run", "exec"})  # the commands that import Prefect
+# Variables that describe the shell or the terminal a command was typed in, the stage that DVC
+# runs it for (``conveyor exec`` under ``dvc repro``) or the tool timing it, not what the libraries
+# read as they load; the child gets the client's values all the same.
+VOLATILE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "WINDOWID", "TERM_SESSION_ID",
+                      "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TMUX_PANE", "PS1", "PROMPT_COMMAND",
+                      "HISTFILE", "HISTSIZE", "HISTCONTROL", "LS_COLORS", "GPG_TTY", "DVC_STAGE", "DVC_ROOT",
+                      "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET"})
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGWINCH, signal.SIGCONT)
+HEADER = struct.Struct("!I")
+EVENT = struct.Struct("!cq")  # b"P" + the child's pid, then b"X" + its wait status
+_LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",
+           "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK")
+
+
+def main() -> None:
+    """``conveyor``: hand ``run`` and ``exec`` to a warm runner when one serves this environment;
+    otherwise run the command in this process (and, for those commands, start a runner for the next)."""
+    key = eligible(sys.argv[1:])
+    if key is not None:
+        handed_over(key, sys.argv[1:])  # returns only when no runner took the command
+        spawn(key)
+    from conveyor.cli.app import main as run_here
+
+    run_here()
+
+
+def eligible(args: list[str]) -> str | None:
+    """The runner key for ``args``, or None when the command runs here (not a run, not Linux, turned off)."""
+    if sys.platform != "linux" or not args or args[0] not in COMMANDS:
+        return None
+    if os.environ.get("CONVEYOR_WARM", "").strip() == "0" or idle_s() is None:
+        return None
+    try:
+        return key()
+    except OSError:
+        return None
+
+
+def idle_s() -> float | None:
+    """``CONVEYOR_SERVER_IDLE`` (seconds; 900 unset), or None for 0 or a value the command itself will refuse."""
+    raw = os.environ.get("CONVEYOR_SERVER_IDLE", "").strip()
+    try:
+        value = float(raw) if raw else 900.0
+    except ValueError:
+        return None
+    return value if 0 < value < 10**7 else None
+
+
+def key() -> str:
+    """What a fresh ``conveyor`` process would depend on, hashed: a runner serves one key only."""
+    env = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE)
+    limits = [resource.getrlimit(getattr(resource, name)) for name in _LIMITS if hasattr(resource, name)]
+    namespaces = [_readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "pid", "net", "user", "ipc", "uts")]
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            cgroup = f.read()
+    except OSError:
+        cgroup = ""
+    installed = [_mtime(entry) for entry in sys.path]
+    parts = [sys.executable, sys.version, repr(sys.flags), sorted(sys._xoptions.items()), sys.path, installed,
+             os.getuid(), os.geteuid(), os.getgid(), sorted(os.getgroups()), sorted(os.sched_getaffinity(0)),
+             limits, namespaces, cgroup, env]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+
+def address(runner_key: str) -> str:
+    """The runner's abstract socket name (no file: nothing to clean up, nothing left by a kill -9)."""
+    return f"\0conveyor-warm-{os.getuid()}-{runner_key}"
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _mtime(entry: str) -> int:
+    try:
+        return os.stat(entry or ".").st_mtime_ns
+    except OSError:
+        return 0
+
+
+class _Forwarder:
+    """This process's signals, passed on to the child once its pid is known (queued until then)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pending: list[int] = []
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTSTP:  # Ctrl-Z: stop the child (its session ignores SIGTSTP), then this process
+            self.send(signal.SIGSTOP)
+            signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTSTP)
+            signal.signal(signal.SIGTSTP, self)
+            return
+        self.send(signum)
+
+    def send(self, signum: int) -> None:
+        if self.pid is None:
+            self.pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signum)
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        for signum in self.pending:
+            self.send(signum)
+        self.pending.clear()
+
+
+def handed_over(runner_key: str, args: list[str]) -> None:
+    """Give the command to the runner of ``runner_key`` and exit as its child does; return when no
+    runner took it (none runs, it is stopping, a standard descriptor is closed), having started nothing."""
+    try:
+        fds = [fd for fd in (0, 1, 2) if os.fstat(fd) is not None]
+    except OSError:
+        return
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(address(runner_key))
+        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if peer[1] != os.getuid():  # the name is taken by another user's process: not ours to use
+            return
+        umask = os.umask(0o022)
+        os.umask(umask)
+        request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
+                              "umask": umask, "path": sys.path}).encode()
+        forward = _Forwarder()
+        for signum in (*FORWARDED, signal.SIGTSTP):
+            signal.signal(signum, forward)
+        conn.sendmsg([HEADER.pack(len(request))],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+        conn.sendall(request)
+    except OSError:
+        _restore_signals()
+        conn.close()
+        return
+    _wait(conn, forward)
+
+
+def _wait(conn: socket.socket, forward: _Forwarder) -> None:
+    """Follow the child: its pid, then its end; this process ends the same way. Returns (nothing
+    started) when the runner closed the connection before a child was forked."""
+    buffer = b""
+    while True:
+        try:
+            chunk = conn.recv(EVENT.size - len(buffer))
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        buffer += chunk
+        if len(buffer) < EVENT.size:
+            continue
+        kind, value = EVENT.unpack(buffer)
+        buffer = b""
+        if kind == b"P":
+            forward.started(value)
+        elif kind == b"X":
+            _end_as(int(value))
+    if forward.pid is None:
+        _restore_signals()
+        conn.close()
+        for signum in forward.pending:  # Ctrl-C or kill before anything started: this process takes it
+            os.kill(os.getpid(), signum)
+        return
+    print(f"conveyor: the warm runner ended during the run (child pid {forward.pid} was killed with it): run "
+          "again, or set CONVEYOR_WARM=0 to run without one", file=sys.stderr)
+    os._exit(1)
+
+
+def _end_as(status: int) -> None:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # the child died of a signal: so does this process, as the shell would have seen it
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
+
+
+def _restore_signals() -> None:
+    for signum in (*FORWARDED, signal.SIGTSTP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def spawn(runner_key: str) -> None:
+    """Start the runner of ``runner_key`` for the runs after this one. It claims its name at once (a
+    second run meanwhile starts none) and imports nothing until this process has exited: it never
+    competes with this run for the CPU. Any failure here is silent: this run goes on as before."""
+    import subprocess
+
+    try:
+        read, write = os.pipe()  # the runner waits for this process's end: the write end closes with it
+        subprocess.Popen([sys.executable, "-c", _SERVE, runner_key, str(read), json.dumps(sys.path)],
+                         pass_fds=(read,), cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        os.close(read)
+        _HELD.append(write)
+    except OSError:
+        return
+
+
+# sys.path first, as this process has it: the runner imports what this process would
+_SERVE = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+          "from conveyor.cli.warm_runner import serve; serve(sys.argv[1], int(sys.argv[2]))")
+_HELD: list[int] = []  # the write end of the runner's wait: open until this process ends

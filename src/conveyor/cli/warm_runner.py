@@ -1,0 +1,385 @@
+"""The warm runner: imports Prefect, DVC and conveyor's commands once, then forks a child per run.
+
+Started by :func:`conveyor.cli.warm.spawn` as ``python -c ... KEY FD PATH`` in a session of its
+own, from ``/``. It claims its abstract socket name first (a run started meanwhile finds it taken
+and not yet listening: it runs by itself and starts no other runner), waits for the run that
+started it to end (the pipe ``FD`` closes with it: the imports never compete with that run for
+the CPU), imports (:data:`PRELOAD`), and then serves: each connection from a process of the same
+user brings a command line, a working directory, an environment, a umask and three descriptors;
+a forked child takes them as its own (:func:`_become`), drops every conveyor module the runner
+had imported (a child imports conveyor's code as it is on disk now: only the libraries are
+shared) and runs the command; the runner sends the child's pid and then its wait status back.
+
+It forks only from a single thread (checked after the imports): nothing is locked in a child.
+A child dies with the runner (``PR_SET_PDEATHSIG``) and is killed when its client goes (kill
+-9 of ``conveyor``): the runner sees the connection close. The runner ends when no child has
+run for ``CONVEYOR_SERVER_IDLE`` seconds, on SIGTERM once its children have ended (``conveyor
+server stop``: runs under way finish), and when more than :data:`MAX_RUNNERS` runners of one
+``PREFECT_HOME`` are up (the one used least recently goes). Its files, in
+``PREFECT_HOME/conveyor-server/warm/``: ``KEY.json`` (pid, start, idle time, runs served: -1
+while it waits and imports; rewritten at each run) and ``KEY.log`` (its standard error).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from conveyor.cli.warm import EVENT, HEADER, address, idle_s
+
+MAX_RUNNERS = 4
+STARTING = -1  # the runs served, in a state file, before the runner serves any
+CHECK_EVERY_S = 1.0
+REQUEST_TIMEOUT_S = 5.0
+# conveyor's commands (and what they import as they load), then what a run imports on its way
+PRELOAD = ("conveyor.cli.app", "conveyor.cli.run", "conveyor.prefect.flow", "conveyor.prefect.server",
+           "conveyor.dvc.record", "conveyor.spec.dvcload", "prefect.main", "prefect.flow_engine",
+           "prefect.task_engine", "prefect.task_runners", "prefect.logging.handlers",
+           "prefect.utilities.visualization", "anyio._backends._asyncio", "dvc.repo.reproduce", "dvc.lock",
+           "dvc.stage.cache", "dvc.scm", "dvc.repo.index", "dvc.repo.graph", "dvc.repo.plots", "dvc.repo.params",
+           "dvc.repo.metrics", "dvc.repo.artifacts", "dvc.repo.datasets", "dvc.repo.stage", "dvc.repo.trie",
+           "dvc.cachemgr", "dvc.data_cloud", "dvc.dirs", "dvc.rwlock", "dvc.dvcfile", "dvc.utils.strictyaml",
+           "dvc_data.hashfile.db.local", "dvc_data.hashfile.status", "dvc_data.hashfile._progress",
+           "dulwich.index", "dulwich.ignore", "dulwich.worktree", "configobj", "platformdirs", "networkx",
+           "graphviz", "ruamel.yaml", "fsspec.implementations.memory", "rich._emoji_codes", "encodings.idna")
+
+
+def directory() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser() / "conveyor-server" / "warm"
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A warm runner as its state file says (for ``conveyor server status|stop``)."""
+
+    key: str
+    pid: int
+    started: float
+    idle_s: float
+    served: int
+    used: float
+
+    @classmethod
+    def read(cls, path: Path) -> Runner | None:
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return cls(path.stem, int(raw["pid"]), float(raw["started"]), float(raw["idle_s"]), int(raw["served"]),
+                       path.stat().st_mtime)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def runners() -> list[Runner]:
+    """The warm runners of this ``PREFECT_HOME`` that still run, the most recently used first."""
+    found = [r for p in directory().glob("*.json") if (r := Runner.read(p)) is not None and _is_runner(r)]
+    return sorted(found, key=lambda r: -r.used)
+
+
+def _is_runner(runner: Runner) -> bool:
+    try:
+        with open(f"/proc/{runner.pid}/cmdline", "rb") as f:
+            line = f.read()
+    except OSError:
+        return False
+    return b"conveyor.cli.warm_runner" in line and runner.key.encode() in line
+
+
+def stop_all() -> list[Runner]:
+    """SIGTERM every warm runner of this ``PREFECT_HOME`` (each ends once its runs have): those signalled."""
+    stopped = []
+    for runner in runners():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(runner.pid, signal.SIGTERM)
+            stopped.append(runner)
+    return stopped
+
+
+def serve(runner_key: str, wait_fd: int) -> None:
+    """The runner's life (see the module's doc); returns when it ends."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address(runner_key))
+    except OSError:  # another runner has this key
+        return
+    idle = idle_s()
+    if idle is None:
+        return
+    state = directory() / f"{runner_key}.json"
+    try:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        log = os.open(state.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 2)
+        os.close(log)
+        _write_state(state, time.time(), idle, STARTING)  # listed (and stopped) from now on
+    except OSError:
+        return  # no place for its state: not visible, so not kept
+    signal.signal(signal.SIGTERM, _leave)
+    try:
+        while os.read(wait_fd, 4096):  # until the run that started this one has ended
+            pass
+        os.close(wait_fd)
+        _preload()
+        if threading.active_count() > 1:  # a fork would copy held locks: serve nothing
+            print(f"conveyor warm runner: threads after the imports ({threading.enumerate()}): not serving",
+                  file=sys.stderr)
+            return
+        listener.listen(16)
+        _write_state(state, time.time(), idle, 0)
+        for extra in runners()[MAX_RUNNERS:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(extra.pid, signal.SIGTERM)
+        _Loop(listener, idle, state).run()
+    finally:
+        with contextlib.suppress(OSError):
+            state.unlink()
+
+
+def _leave(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM before the runner serves: it ends at once (its state file removed on the way out)."""
+    raise SystemExit(0)
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  # a library missing or broken: the child imports (and fails on) it itself
+            traceback.print_exc()
+
+
+def _write_state(state: Path, started: float, idle: float, served: int) -> None:
+    """``KEY.json``, replaced whole (a reader never sees half of it)."""
+    part = state.with_suffix(".part")
+    part.write_text(json.dumps({"pid": os.getpid(), "started": started, "idle_s": idle, "served": served}),
+                    encoding="utf-8")
+    part.replace(state)
+
+
+class _Loop:
+    def __init__(self, listener: socket.socket, idle: float, state: Path) -> None:
+        self.listener: socket.socket | None = listener
+        self.idle, self.state = idle, state
+        self.started, self.served = time.time(), 0
+        self.children: dict[int, socket.socket] = {}
+        self.stopping = False
+        self.last = time.monotonic()
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        self.wake_w = wake_w
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, _nothing)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._stop)
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def run(self) -> None:
+        while True:
+            self._reap()
+            if self.stopping and self.listener is not None:
+                self.listener.close()  # new runs find no runner and run by themselves
+                self.listener = None
+                with contextlib.suppress(OSError):
+                    self.state.unlink()
+            if not self.children and (self.stopping or time.monotonic() - self.last > self.idle):
+                return
+            waiting: list[Any] = [self.wake_r, *self.children.values(), *([self.listener] if self.listener else [])]
+            ready, _, _ = select.select(waiting, [], [], CHECK_EVERY_S)
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+            for pid, conn in list(self.children.items()):
+                if conn in ready and not _recv(conn, 1):  # its client is gone (even by kill -9): so is the run
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if self.listener is not None and self.listener in ready:
+                self._accept(self.listener)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.last = time.monotonic()
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(EVENT.pack(b"X", status))
+                conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        fds: list[int] = []
+        try:
+            conn.settimeout(REQUEST_TIMEOUT_S)
+            peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if peer[1] != os.getuid():
+                raise OSError("another user")
+            data, ancillary, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_SPACE(3 * 4))
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) - len(payload) % 4])
+            data += _recv_exactly(conn, HEADER.size - len(data))
+            request = json.loads(_recv_exactly(conn, HEADER.unpack(data)[0]))
+            if len(fds) != 3:
+                raise OSError("the three standard descriptors were not passed")
+        except (OSError, ValueError, struct.error):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        conn.settimeout(None)
+        runner = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _child(runner, conn, fds, request, [self.wake_r, self.wake_w, listener, *self.children.values()])
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.last = time.monotonic()
+        self.served += 1
+        with contextlib.suppress(OSError):
+            _write_state(self.state, self.started, self.idle, self.served)
+        try:
+            conn.sendall(EVENT.pack(b"P", pid))
+        except OSError:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _nothing(signum: int, frame: FrameType | None) -> None:
+    """SIGCHLD: only to wake the loop (through the wakeup descriptor)."""
+
+
+def _recv(conn: socket.socket, size: int) -> bytes:
+    try:
+        return conn.recv(size)
+    except OSError:
+        return b""
+
+
+def _recv_exactly(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise OSError("the client went before its request was whole")
+        data += chunk
+    return data
+
+
+def _child(runner: int, conn: socket.socket, fds: list[int], request: dict[str, Any], shared: list[Any]) -> None:
+    """The forked child: become the client's process as a fresh one would be, run the command, exit."""
+    code: int = 1
+    try:
+        _become(runner, fds, request, [conn, *shared])
+        from conveyor.cli.app import main
+
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001  # as an uncaught exception ends a fresh process: its traceback, exit 1
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):  # as the interpreter's own exit: threads, then exit handlers
+            threading._shutdown()  # type: ignore[attr-defined]
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: list[Any]) -> None:
+    os.setsid()  # out of the runner's group: its signals are its own
+    _die_with(runner)
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for item in inherited:
+        with contextlib.suppress(OSError):
+            if isinstance(item, socket.socket):
+                item.close()
+            else:
+                os.close(item)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(int(request["umask"]))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = list(request["argv"])
+    sys.path[:] = list(request["path"])
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # as a fresh process's stdout would be
+    for name in [m for m in sys.modules if m == "conveyor" or m.startswith("conveyor.")]:
+        del sys.modules[name]  # conveyor's code as it is on disk now, this module's included
+    _libraries_here()
+
+
+def _libraries_here() -> None:
+    """What the libraries set up as they were imported, set up again for this process: DVC's log
+    handlers and colorama's wrapping of stdout (``import dvc`` wraps a stream that is not a terminal
+    to strip colours: the runner's was /dev/null), Prefect's settings as this directory and
+    environment give them (a ``prefect.toml``, a ``.env`` here) and its console handler's colours."""
+    if "colorama" in sys.modules:
+        sys.modules["colorama"].deinit()  # sys.stdout and sys.stderr unwrapped
+    if "dvc.logger" in sys.modules:
+        dvc_logger = sys.modules["dvc.logger"]
+        for name in ("dvc", "dvc_objects", "dvc_data"):
+            named = logging.getLogger(name)
+            for handler in [h for h in named.handlers if isinstance(h, dvc_logger.LoggerHandler)]:
+                named.removeHandler(handler)
+        dvc_logger.setup()  # as `import dvc` does, with this process's streams
+    if "prefect.context" in sys.modules:
+        from prefect.logging.handlers import PrefectConsoleHandler
+
+        sys.modules["prefect.context"].refresh_global_settings_context()
+        for logger in [logging.getLogger(), *[logging.getLogger(name) for name in logging.root.manager.loggerDict]]:
+            for handler in logger.handlers:
+                if not isinstance(handler, PrefectConsoleHandler):
+                    continue
+                wrapped = getattr(handler.stream, "wrapped", None)  # created on colorama's wrapper of stderr
+                if wrapped is not None:
+                    handler.setStream(wrapped)
+                    handler.console.file = wrapped
+                if hasattr(handler.console, "_detect_color_system"):  # rich decides colours once, at creation
+                    handler.console._color_system = handler.console._detect_color_system()
+
+
+def _die_with(runner: int) -> None:
+    """SIGKILL when the runner dies (PR_SET_PDEATHSIG): a child never outlives it unwatched."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() != runner:  # it died before the signal was set
+        os._exit(1)

@@ -1,0 +1,290 @@
+"""The warm runner (conveyor.cli.warm): a run after the first is forked from a process that has
+imported Prefect and DVC, and behaves as a fresh process would: its output, exit code, working
+directory and environment are the command's own; Ctrl-C and kill reach it; kill -9 of the command
+kills it; the runner is listed, stopped on demand and after its idle time, and a changed
+environment gets a runner of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from projects import Project
+
+HOLD = "touch started && while [ ! -e release ]; do sleep 0.05; done && echo done > held.txt"
+
+
+@pytest.fixture
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A PREFECT_HOME of the test's own: its warm runners are the test's; killed at the end."""
+    home = tmp_path_factory.mktemp("warm-home")
+    yield home
+    for proc in runners(home):
+        proc.kill()
+
+
+def warm_project(make_project: Callable[[], Project], home: Path, idle: str = "120") -> Project:
+    """A project whose runs use warm runners kept under ``home`` (the session's Prefect server)."""
+    project = make_project()
+    project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE=idle)
+    project.env.pop("CONVEYOR_WARM", None)
+    project.init_dvc()
+    project.write("ancestry.py", ANCESTRY)
+    project.write("dvc.yaml", """
+        stages:
+          one:
+            cmd: python ancestry.py > one.txt && echo said-one
+            outs: [one.txt]
+    """)
+    return project
+
+
+# The stage's processes up to init (pid, command line), and the COLUMNS it was given.
+ANCESTRY = """
+import json, os
+chain, pid = [], os.getpid()
+while pid > 1:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        line = f.read().replace(b"\\0", b" ").decode()
+    with open(f"/proc/{pid}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    chain.append([pid, line])
+    pid = parent
+print(json.dumps({"chain": chain, "columns": os.environ.get("COLUMNS")}))
+"""
+
+
+def runners(home: Path) -> list[psutil.Process]:
+    """The warm runners of ``home`` (not the runs they forked: those share their command line)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            line = " ".join(proc.cmdline())
+            if "conveyor.cli.warm_runner" in line and proc.environ().get("PREFECT_HOME") == str(home) \
+                    and proc.status() != psutil.STATUS_ZOMBIE \
+                    and "conveyor.cli.warm_runner" not in " ".join(proc.parent().cmdline()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def ready(home: Path, count: int = 1, deadline_s: float = 60) -> list[dict[str, float]]:
+    """Wait until ``count`` runners of ``home`` serve (their state files say so once they listen)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        states = []
+        for path in sorted((home / "conveyor-server/warm").glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                states.append(json.loads(path.read_text()))
+        if len([s for s in states if s["served"] >= 0]) >= count:
+            return states
+        assert time.monotonic() < deadline, f"{len(states)} warm runner(s) ready, wanted {count}"
+        time.sleep(0.05)
+
+
+def stage_ancestry(project: Project) -> dict[str, object]:
+    """What stage ``one`` wrote: its processes up to init, and its COLUMNS."""
+    data: dict[str, object] = json.loads((project.root / "one.txt").read_text())
+    return data
+
+
+def forked_by(project: Project) -> list[int]:
+    """The warm runners stage ``one`` ran under (the pids of its ancestors that are runners' processes)."""
+    chain = stage_ancestry(project)["chain"]
+    assert isinstance(chain, list)
+    return [pid for pid, line in chain if "conveyor.cli.warm_runner" in line]
+
+
+def wait_gone(procs: list[psutil.Process], what: str, deadline_s: float = 30) -> None:
+    _, alive = psutil.wait_procs(procs, timeout=deadline_s)
+    assert not alive, f"{what} still running: {alive}"
+
+
+def test_a_run_after_the_first_is_forked_by_the_warm_runner_and_is_the_command_itself(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    first = project.conveyor("run")
+    assert first.returncode == 0, first.stderr
+    assert forked_by(project) == []  # the first run ran by itself
+    [state] = ready(home)
+    [runner] = runners(home)
+    assert runner.pid == state["pid"]
+
+    again = project.conveyor("run", "-f", "-v", env={"COLUMNS": "123"})  # a volatile variable: the same runner
+    assert again.returncode == 0, again.stderr
+    assert "said-one" in again.stdout + again.stderr  # the command's output is the command's
+    assert "succeeded" in again.stdout + again.stderr
+    assert runner.pid in forked_by(project)  # forked by the runner, not started afresh
+    assert stage_ancestry(project)["columns"] == "123"  # the command's environment
+    assert json.loads((project.root / ".conveyor/runs/latest.json").read_text())["status"] == "succeeded"
+    assert project.sh("dvc", "status").stdout.strip() == "Data and pipelines are up to date."
+
+    other = warm_project(make_project, home)  # another project, the same environment: the same runner
+    other.env = {**project.env, "CONVEYOR_TEST_TAG": project.env["CONVEYOR_TEST_TAG"]}
+    done = other.conveyor("run")
+    assert done.returncode == 0, done.stderr
+    assert runner.pid in forked_by(other)
+
+    listed = project.conveyor("server", "status")
+    assert f"warm runners:  1 (pid {runner.pid}" in listed.stdout, listed.stdout
+
+
+@pytest.mark.slow
+def test_exit_codes_and_errors_are_the_commands_and_a_new_environment_gets_its_own_runner(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    project.write("dvc.yaml", """
+        stages:
+          one: {cmd: echo broken >&2 && exit 7, outs: [one.txt]}
+    """)
+    failed = project.conveyor("run")
+    assert failed.returncode == 1 and "one" in failed.stderr and "failed" in failed.stdout + failed.stderr
+    assert (project.root / "one.txt").exists()  # the previous outs, intact
+    bad = project.conveyor("run", "--no-such-option")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--no-such-option" in bad.stderr
+    [runner] = runners(home)
+
+    changed = project.conveyor("run", env={"CONVEYOR_SOME_SETTING": "x"})  # another environment: a runner of its own
+    assert changed.returncode == 1
+    ready(home, 2)
+    assert len(runners(home)) == 2 and runner in runners(home)
+
+    stopped = project.conveyor("server", "stop")
+    assert stopped.returncode == 0 and "stopping 2 warm runner(s)" in stopped.stdout, stopped.stdout
+    wait_gone([runner], "a stopped runner")
+    assert "warm runners:  none" in project.conveyor("server", "status").stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_reaches_the_run_and_kill_9_of_the_command_kills_it(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    project.write("dvc.yaml", f"""
+        stages:
+          hold: {{cmd: '{HOLD}', outs: [held.txt]}}
+    """)
+    (project.root / "held.txt").write_text("previous\n")
+
+    run = project.popen("run")
+    _wait_for(project.root / "started", run)
+    [runner] = runners(home)
+    [child] = runner.children()
+    run.send_signal(signal.SIGINT)
+    output, _ = run.communicate(timeout=60)
+    assert run.returncode == 130, output
+    assert "interrupted (SIGINT)" in output
+    wait_gone([child], "the interrupted run")
+    assert (project.root / "held.txt").read_text() == "previous\n"  # the previous outs, back
+    kept = {p.pid for p in runners(home)}  # kept on purpose: the runner only
+    wait_gone([p for p in project.tagged_processes() if p.pid not in kept], "a process of the interrupted run")
+
+    (project.root / "started").unlink()
+    run = project.popen("run")
+    _wait_for(project.root / "started", run)
+    [child] = runner.children()
+    stage = child.children(recursive=True)
+    run.send_signal(signal.SIGKILL)
+    run.communicate(timeout=30)
+    wait_gone([child, *stage], "the run of a killed command, or its stage")
+    status = project.conveyor("status")  # what follows a killed run, as without a runner
+    assert "put back the previous outs of 'hold'" in status.stderr, status.stderr
+    assert "was killed while hold ran: recorded as interrupted" in status.stderr
+    assert (project.root / "held.txt").read_text() == "previous\n"
+    (project.root / "release").touch()
+    again = project.conveyor("run")  # the next run goes on, in the same runner
+    assert again.returncode == 0, again.stderr
+    assert (project.root / "held.txt").read_text() == "done\n" and runner.is_running()
+
+
+@pytest.mark.slow
+def test_the_runner_ends_after_its_idle_time(make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home, idle="2")
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    [runner] = runners(home)
+    assert project.conveyor("run", "-f").returncode == 0
+    wait_gone([runner], "a runner past its idle time", 30)
+    assert not list((home / "conveyor-server/warm").glob("*.json"))
+
+
+def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    for env in ({"CONVEYOR_WARM": "0"}, {"CONVEYOR_SERVER_IDLE": "0"}):
+        done = project.conveyor("run", "-f", env=env)
+        assert done.returncode == 0, done.stderr
+    assert not runners(home)  # one would be there already: it starts with the run, and waits for it to end
+
+
+def _wait_for(path: Path, run: subprocess.Popen[str], deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        assert run.poll() is None, run.communicate()[0]
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_runner_is_named_by_the_user_and_the_configuration_not_the_terminal() -> None:
+    from conveyor.cli.warm import address, key
+
+    assert address("k").startswith("\0conveyor-warm-") and str(os.getuid()) in address("k")
+    before = key()
+    os.environ["COLUMNS"] = "7"
+    assert key() == before  # a terminal's width is not the process's configuration
+    os.environ["CONVEYOR_OTHER"] = "1"
+    assert key() != before
+
+
+def _on_a_terminal(project: Project, env: dict[str, str]) -> bytes:
+    """``conveyor run -f`` with a pseudo-terminal as its stdin, stdout and stderr: what the terminal shows,
+    run ids, flow run ids and durations masked."""
+    import pty
+    import re
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(["conveyor", "run", "-f"], cwd=project.root, env={**project.env, **env},
+                            stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the last process holding the terminal ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, shown
+    for pattern, mask in ((rb"\d{8}T\d{6}-[0-9a-f]{6}", b"ID"), (rb"\d+\.\d+(s|x)", b"T"),
+                          (rb"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", b"UUID")):
+        shown = re.sub(pattern, mask, shown)
+    return shown
+
+
+@pytest.mark.slow
+def test_on_a_terminal_a_forked_run_shows_what_a_fresh_process_shows(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    # DO_NOT_TRACK: Prefect prints a notice on the first terminal that imports it (once per PREFECT_HOME)
+    project.env.update(TERM="xterm-256color", DO_NOT_TRACK="1")
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    fresh = _on_a_terminal(project, {"CONVEYOR_WARM": "0"})
+    forked = _on_a_terminal(project, {})
+    assert runners(home)[0].pid in forked_by(project)
+    assert b"\x1b[1m" in fresh and b"\x1b[32m" in forked  # colours: the terminal is one, to both
+    # what stays on the terminal once the live view ended (its frames depend on timing), byte for byte
+    assert forked.rpartition(b"\x1b[?25h")[2] == fresh.rpartition(b"\x1b[?25h")[2]
