@@ -13,6 +13,9 @@ from types import TracebackType
 
 import psutil
 
+from benchmarks.harness import check
+from conveyor.cli.warm_runner import Runner
+
 MIB = 2**20
 
 
@@ -104,7 +107,7 @@ def leftovers(home: Path, grace_s: float = 10) -> list[int]:
 
 
 def stop_kept(home: Path) -> None:
-    """End the Prefect server conveyor kept for ``home`` (its runs are over)."""
+    """End the Prefect server and the warm runners conveyor kept for ``home`` (its runs are over)."""
     for proc in with_prefect_home(home):
         if _kept(proc):
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -112,8 +115,10 @@ def stop_kept(home: Path) -> None:
 
 
 def _kept(proc: psutil.Process) -> bool:
+    """The kept Prefect server, or a warm runner (conveyor.cli.warm): meant to outlive the runs."""
     try:
-        return "conveyor.prefect.keeper" in proc.cmdline()
+        line = proc.cmdline()
+        return "conveyor.prefect.keeper" in line or any("conveyor.cli.warm_runner" in part for part in line)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
@@ -125,3 +130,18 @@ def rss_mib(procs: list[psutil.Process]) -> float:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             total += proc.memory_info().rss
     return total / MIB
+
+
+def wait_warm(home: Path, deadline_s: float = 60) -> Runner:
+    """The warm runner the first run of ``home`` started, once it serves (it writes its state file then)."""
+    deadline = time.monotonic() + deadline_s
+    while not (found := [r for r in runners_of(home) if r.served >= 0]):
+        check(time.monotonic() < deadline, f"no warm runner served {deadline_s:.0f} s after the first run")
+        time.sleep(0.05)
+    return found[0]
+
+
+def runners_of(home: Path) -> list[Runner]:
+    """The warm runners of ``home`` (conveyor.cli.warm_runner), as their state files say now."""
+    return [runner for path in sorted((home / "conveyor-server/warm").glob("*.json"))
+            if (runner := Runner.read(path)) is not None]

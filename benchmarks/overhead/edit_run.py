@@ -13,9 +13,13 @@ reported as it is, beside the first `dvc repro` of a twin project. Then, alterna
 one run per side per repetition, B C then C B), `dvc repro -s -f report` and
 `conveyor run -s -f report`: both run the one stage and record it in dvc.lock.
 
+Before them the benchmark waits for the warm runner the first run started (``conveyor.cli.warm``:
+it imports Prefect and DVC once the first run has ended, as a user's next edit comes seconds
+later), and checks that it forked every forced run.
+
 Checked: each side's run ran exactly ``report`` (the run record; dvc.lock's ``report`` entry
-equal after both), and at the end the kept server is stopped by ``conveyor server stop`` and
-nothing else of the runs is left running.
+equal after both), the warm runner forked the forced runs, and at the end the kept server and the
+runner are stopped by ``conveyor server stop`` and nothing else of the runs is left running.
 
 Goals (issue 34): forcing one trivial stage after the first run at most 1.5x `dvc repro -s -f`,
 and at most 1.5 s.
@@ -32,11 +36,12 @@ import yaml
 
 from benchmarks.commands import alternating
 from benchmarks.harness import Config, Metric, Result, check, median, met
+from benchmarks.processes import runners_of, wait_warm
 from benchmarks.projects import base_env, check_no_leftovers, cli, make_repo, no_server_env, run_record, timed_cli
 
 NAME = "edit-run"
 DESCRIPTION = ("the edit-run loop with no PREFECT_API_URL: conveyor run -s -f STAGE vs dvc repro -s -f STAGE "
-               "after a first run (the kept Prefect server); the first run of a session as it is")
+               "after a first run (the kept Prefect server, the warm runner); the first run of a session as it is")
 RATIO_GOAL = 1.5
 SECONDS_GOAL = 1.5
 STAGES = ("prepare", "train", "report")
@@ -68,12 +73,16 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         check(run_record(project)["status"] == "succeeded", "the first conveyor run did not succeed")
         status = cli(["conveyor", "server", "status"], project, env).stdout
         check("url:" in status, f"no Prefect server kept after the first run:\n{status}")
+        warm = wait_warm(home)  # as a user's next edit comes seconds later: the runner has imported by then
         log(f"{NAME}: {repeats} alternating repetitions of the forced stage")
         base, cand = alternating(["dvc", "repro", "-s", "-f", "report"], ["conveyor", "run", "-s", "-f", "report"],
                                  project, env, repeats)
         record = run_record(project)
         ran = sorted(name for name, stage in record["stages"].items() if stage["status"] == "succeeded")
         check(ran == ["report"], f"conveyor run -s -f report ran {ran}")
+        served = [r.served for r in runners_of(home) if r.pid == warm.pid]
+        check(served != [] and served[0] >= repeats, f"the forced runs were not all forked by the warm runner "
+                                                     f"(it served {served})")
         lock = yaml.safe_load((project / "dvc.lock").read_text())
         check(set(lock["stages"]) == set(STAGES), f"dvc.lock holds {sorted(lock['stages'])}")
         cli(["conveyor", "server", "stop"], project, env)
@@ -91,7 +100,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                "prefect": "no PREFECT_API_URL, the benchmark's own PREFECT_HOME: the server conveyor keeps"},
         checks=["each forced conveyor run ran exactly `report` (run record)",
                 "dvc.lock holds the three stages after both tools wrote it",
-                "the kept server stopped by `conveyor server stop`; nothing else left running"],
+                "the warm runner started by the first run forked every forced run",
+                "the kept server and the runner stopped by `conveyor server stop`; nothing else left running"],
         notes=[f"forced stage: conveyor {ratio:.2f}x dvc repro -s -f (goal <= {RATIO_GOAL}x: "
                f"{met(ratio <= RATIO_GOAL)}); {seconds:.2f} s (goal <= {SECONDS_GOAL} s: "
                f"{met(seconds <= SECONDS_GOAL)})",

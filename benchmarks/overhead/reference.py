@@ -177,7 +177,9 @@ class Runs:
     def conveyor(self, env: Mapping[str, str], side: str = "conveyor") -> Outcome:
         with self.copies.fresh(self.template, side) as workdir:
             since, began = time.time(), datetime.now(UTC)
-            done = timed_cli([conveyor_command(), "run", "--force"], workdir, env, memory=True)
+            # the memory measured is the command's process tree: a run forked by a warm runner is not in it
+            done = timed_cli([conveyor_command(), "run", "--force"], workdir, {**env, "CONVEYOR_WARM": "0"},
+                             memory=True)
             outcome = _observe(workdir, side, since)
             _record(workdir, outcome, began, done.seconds)
             outcome.wall, outcome.peak_rss_mib = done.seconds, done.peak_mib
