@@ -170,11 +170,11 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         local, hidden, store = base / "local", base / "hidden", base / "store"
         away = hidden / "project"
         hidden.mkdir()
-        with _cluster(hidden, base) as address, _cluster(None, base) as seeing:
+        with _cluster(hidden, base) as address, _cluster(None, base) as seeing_address:
             _project(local, address, "", base / "unused-store", big)
             _project(away, address, "    on: remote\n", store, big)
             shared = base / "shared"
-            _project(shared, seeing, "    on: remote\n", base / "unused-store", big)
+            _project(shared, seeing_address, "    on: remote\n", base / "unused-store", big)
 
             def empty_store() -> None:
                 shutil.rmtree(store, ignore_errors=True)
@@ -196,20 +196,20 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             baseline_runs, candidate_runs = interleaved(
                 repeats, lambda _i: _one_run(local, "local", md5, lambda: None), candidate, log)
     stage = Metric("stage wall (s), remote emptied", [b[0] for b in baseline_runs], [c[0] for c in candidate_runs])
-    warm = Metric("stage wall (s), dep in the remote", [b[0] for b in baseline_runs], [c[2] for c in candidate_runs])
+    there = Metric("stage wall (s), dep in the remote", [b[0] for b in baseline_runs], [c[2] for c in candidate_runs])
     linked = Metric("the same, `cache.type: hardlink`", [b[0] for b in baseline_runs],
                     [c[3] for c in candidate_runs])
     seeing = Metric("stage wall (s) on a worker that sees the project", [b[0] for b in baseline_runs],
                     [c[4] for c in candidate_runs])
     whole = Metric("`conveyor run` wall (s), remote emptied", [b[1] for b in baseline_runs],
                    [c[1] for c in candidate_runs])
-    share, warm_share, linked_share = stage.share(), warm.share(), linked.share()
+    share, warm_share, linked_share = stage.share(), there.share(), linked.share()
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="the stage run locally (no `on:`), reading the dep in place",
         candidate="the stage on a Dask worker in its own mount namespace (the project's directory an empty "
                   "tmpfs), deps and outs through a local-directory DVC remote",
-        repeats=repeats, metrics=[stage, warm, linked, seeing, whole],
+        repeats=repeats, metrics=[stage, there, linked, seeing, whole],
         setup={"dep": f"{size / 2**20:.0f} MiB of random bytes", "stage": "md5 of the dep into out/digest.txt",
                "cluster": "dask scheduler + 1 worker (1 thread) on 127.0.0.1, each `unshare -m`'d"},
         checks=["every run exited 0; its digest is the dep's md5; its record says digest succeeded on the "
@@ -219,7 +219,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                f"cache.type hardlink (goal <= {GOAL}: {met(share <= GOAL)} emptied, {met(warm_share <= GOAL)} "
                f"there, {met(linked_share <= GOAL)} hardlinked)",
                f"median stage walls: local {median(stage.baseline):.2f} s, through the remote "
-               f"{median(stage.candidate):.2f} s (emptied), {median(warm.candidate):.2f} s (dep there), "
+               f"{median(stage.candidate):.2f} s (emptied), {median(there.candidate):.2f} s (dep there), "
                f"{median(linked.candidate):.2f} s (hardlinked); on a worker of a cluster that sees the project (what "
                f"a cluster costs without moving data) {median(seeing.candidate):.2f} s"],
     )
