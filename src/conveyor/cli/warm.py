@@ -134,6 +134,7 @@ class _Forwarder:
     def __init__(self) -> None:
         self.pid: int | None = None
         self.pending: list[int] = []
+        self.previous: dict[int, signal._HANDLER] = {}  # to put back when no runner took the command
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTSTP:  # Ctrl-Z: stop the child (its session ignores SIGTSTP), then this process
@@ -166,23 +167,23 @@ def handed_over(runner_key: str, args: list[str]) -> None:
     except OSError:
         return
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    forward = _Forwarder()
     try:
         conn.connect(address(runner_key))
         peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if peer[1] != os.getuid():  # the name is taken by another user's process: not ours to use
-            return
+            raise PermissionError("another user's runner")
         umask = os.umask(0o022)
         os.umask(umask)
         request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
                               "umask": umask, "path": sys.path}).encode()
-        forward = _Forwarder()
         for signum in (*FORWARDED, signal.SIGTSTP):
-            signal.signal(signum, forward)
+            forward.previous[signum] = signal.signal(signum, forward)
         conn.sendmsg([HEADER.pack(len(request))],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
         conn.sendall(request)
     except OSError:
-        _restore_signals()
+        _restore_signals(forward)
         conn.close()
         return
     _wait(conn, forward)
@@ -209,7 +210,7 @@ def _wait(conn: socket.socket, forward: _Forwarder) -> None:
         elif kind == b"X":
             _end_as(int(value))
     if forward.pid is None:
-        _restore_signals()
+        _restore_signals(forward)
         conn.close()
         for signum in forward.pending:  # Ctrl-C or kill before anything started: this process takes it
             os.kill(os.getpid(), signum)
@@ -228,9 +229,9 @@ def _end_as(status: int) -> None:
     os._exit(code)
 
 
-def _restore_signals() -> None:
-    for signum in (*FORWARDED, signal.SIGTSTP):
-        signal.signal(signum, signal.SIG_DFL)
+def _restore_signals(forward: _Forwarder) -> None:
+    for signum, handler in forward.previous.items():
+        signal.signal(signum, handler)
 
 
 def spawn(runner_key: str) -> None:
