@@ -288,3 +288,22 @@ def test_on_a_terminal_a_forked_run_shows_what_a_fresh_process_shows(
     assert b"\x1b[1m" in fresh and b"\x1b[32m" in forked  # colours: the terminal is one, to both
     # what stays on the terminal once the live view ended (its frames depend on timing), byte for byte
     assert forked.rpartition(b"\x1b[?25h")[2] == fresh.rpartition(b"\x1b[?25h")[2]
+
+
+@pytest.mark.slow
+def test_a_forked_run_reads_the_prefect_settings_files_of_its_own_directory(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+
+    def flow_run_url() -> str:
+        done = project.conveyor("run", "-f")
+        assert done.returncode == 0, done.stderr
+        assert runners(home)[0].pid in forked_by(project)
+        return str(json.loads((project.root / ".conveyor/runs/latest.json").read_text())["flow_run_url"])
+
+    project.write("prefect.toml", 'ui_url = "http://127.0.0.1:9/custom-ui"\n')  # read where the run runs
+    assert flow_run_url().startswith("http://127.0.0.1:9/custom-ui/runs/flow-run/")
+    (project.root / "prefect.toml").unlink()  # and no longer, once gone: the runner's own settings again
+    assert not flow_run_url().startswith("http://127.0.0.1:9/custom-ui")

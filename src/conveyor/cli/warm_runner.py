@@ -22,11 +22,9 @@ while it waits and imports; rewritten at each run) and ``KEY.log`` (its standard
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import json
-import logging
 import os
 import select
 import signal
@@ -42,6 +40,7 @@ from types import FrameType
 from typing import Any
 
 from conveyor.cli.warm import EVENT, HEADER, address, idle_s
+from conveyor.cli.warm_child import SETTINGS_READ, child, settings_sources
 
 MAX_RUNNERS = 4
 STARTING = -1  # the runs served, in a state file, before the runner serves any
@@ -134,6 +133,9 @@ def serve(runner_key: str, wait_fd: int) -> None:
         while os.read(wait_fd, 4096):  # until the run that started this one has ended
             pass
         os.close(wait_fd)
+        from conveyor.prefect.server import BOUNDED_CLIENT
+
+        os.environ.update({k: v for k, v in BOUNDED_CLIENT.items() if k not in os.environ})  # as runs set them
         _preload()
         if threading.active_count() > 1:  # a fork would copy held locks: serve nothing
             print(f"conveyor warm runner: threads after the imports ({threading.enumerate()}): not serving",
@@ -161,6 +163,8 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001  # a library missing or broken: the child imports (and fails on) it itself
             traceback.print_exc()
+    SETTINGS_READ[:] = [settings_sources(Path.cwd())]
+
 
 
 def _write_state(state: Path, started: float, idle: float, served: int) -> None:
@@ -254,7 +258,7 @@ class _Loop:
         runner = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _child(runner, conn, fds, request, [self.wake_r, self.wake_w, listener, *self.children.values()])
+            child(runner, conn, fds, request, [self.wake_r, self.wake_w, listener, *self.children.values()])
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
@@ -287,99 +291,3 @@ def _recv_exactly(conn: socket.socket, size: int) -> bytes:
             raise OSError("the client went before its request was whole")
         data += chunk
     return data
-
-
-def _child(runner: int, conn: socket.socket, fds: list[int], request: dict[str, Any], shared: list[Any]) -> None:
-    """The forked child: become the client's process as a fresh one would be, run the command, exit."""
-    code: int = 1
-    try:
-        _become(runner, fds, request, [conn, *shared])
-        from conveyor.cli.app import main
-
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001  # as an uncaught exception ends a fresh process: its traceback, exit 1
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(BaseException):  # as the interpreter's own exit: threads, then exit handlers
-            threading._shutdown()  # type: ignore[attr-defined]
-            atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: list[Any]) -> None:
-    os.setsid()  # out of the runner's group: its signals are its own
-    _die_with(runner)
-    signal.set_wakeup_fd(-1)
-    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for item in inherited:
-        with contextlib.suppress(OSError):
-            if isinstance(item, socket.socket):
-                item.close()
-            else:
-                os.close(item)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)
-    os.chdir(request["cwd"])
-    os.umask(int(request["umask"]))
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = list(request["argv"])
-    sys.path[:] = list(request["path"])
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # as a fresh process's stdout would be
-    for name in [m for m in sys.modules if m == "conveyor" or m.startswith("conveyor.")]:
-        del sys.modules[name]  # conveyor's code as it is on disk now, this module's included
-    _libraries_here()
-
-
-def _libraries_here() -> None:
-    """What the libraries set up as they were imported, set up again for this process: DVC's log
-    handlers and colorama's wrapping of stdout (``import dvc`` wraps a stream that is not a terminal
-    to strip colours: the runner's was /dev/null), Prefect's settings as this directory and
-    environment give them (a ``prefect.toml``, a ``.env`` here) and its console handler's colours."""
-    if "colorama" in sys.modules:
-        sys.modules["colorama"].deinit()  # sys.stdout and sys.stderr unwrapped
-    if "dvc.logger" in sys.modules:
-        dvc_logger = sys.modules["dvc.logger"]
-        for name in ("dvc", "dvc_objects", "dvc_data"):
-            named = logging.getLogger(name)
-            for handler in [h for h in named.handlers if isinstance(h, dvc_logger.LoggerHandler)]:
-                named.removeHandler(handler)
-        dvc_logger.setup()  # as `import dvc` does, with this process's streams
-    if "prefect.context" in sys.modules:
-        from prefect.logging.handlers import PrefectConsoleHandler
-
-        sys.modules["prefect.context"].refresh_global_settings_context()
-        for logger in [logging.getLogger(), *[logging.getLogger(name) for name in logging.root.manager.loggerDict]]:
-            for handler in logger.handlers:
-                if not isinstance(handler, PrefectConsoleHandler):
-                    continue
-                wrapped = getattr(handler.stream, "wrapped", None)  # created on colorama's wrapper of stderr
-                if wrapped is not None:
-                    handler.setStream(wrapped)
-                    handler.console.file = wrapped
-                if hasattr(handler.console, "_detect_color_system"):  # rich decides colours once, at creation
-                    handler.console._color_system = handler.console._detect_color_system()
-
-
-def _die_with(runner: int) -> None:
-    """SIGKILL when the runner dies (PR_SET_PDEATHSIG): a child never outlives it unwatched."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    if os.getppid() != runner:  # it died before the signal was set
-        os._exit(1)

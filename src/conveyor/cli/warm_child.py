@@ -1,0 +1,146 @@
+"""A warm runner's child (:mod:`conveyor.cli.warm_runner`): the command's own process, as a fresh one.
+
+Forked with Prefect, DVC and conveyor's commands imported, it takes the client's standard
+descriptors, directory, umask, environment, ``argv`` and ``sys.path``, drops every conveyor module
+(conveyor's code is read from disk anew), sets up again what the libraries set up as they were
+imported in the runner (:func:`_libraries_here`), runs ``conveyor.cli.app.main`` and exits as the
+interpreter would (threads joined, exit handlers run). It dies with the runner.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+# What Prefect's settings were read from when the runner imported it (in /): the profiles file's
+# stat, and whether a settings file was there. A child in a directory with no settings file of
+# its own, the profiles file unchanged, has those settings already (the environment is the same).
+SETTINGS_READ: list[tuple[object, bool]] = []
+
+
+def settings_sources(here: Path) -> tuple[object, bool]:
+    """The profiles file's (mtime, size, inode), and whether ``here`` holds a file Prefect reads
+    settings from (prefect.toml, .env, a pyproject.toml with a [tool.prefect] table)."""
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    try:
+        st = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").stat()
+        profiles: object = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except OSError:
+        profiles = None
+    local = (here / "prefect.toml").exists() or (here / ".env").exists()
+    if not local:
+        with contextlib.suppress(OSError):
+            local = "[tool.prefect" in (here / "pyproject.toml").read_text(encoding="utf-8", errors="replace")
+    return profiles, local
+
+
+def child(runner: int, conn: socket.socket, fds: list[int], request: dict[str, Any], shared: list[Any]) -> None:
+    """The forked child: become the client's process as a fresh one would be, run the command, exit."""
+    code: int = 1
+    try:
+        _become(runner, fds, request, [conn, *shared])
+        from conveyor.cli.app import main
+
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001  # as an uncaught exception ends a fresh process: its traceback, exit 1
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):  # as the interpreter's own exit: threads, then exit handlers
+            threading._shutdown()  # type: ignore[attr-defined]
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: list[Any]) -> None:
+    os.setsid()  # out of the runner's group: its signals are its own
+    _die_with(runner)
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for item in inherited:
+        with contextlib.suppress(OSError):
+            if isinstance(item, socket.socket):
+                item.close()
+            else:
+                os.close(item)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(int(request["umask"]))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = list(request["argv"])
+    sys.path[:] = list(request["path"])
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # as a fresh process's stdout would be
+    for name in [m for m in sys.modules if m == "conveyor" or m.startswith("conveyor.")]:
+        del sys.modules[name]  # conveyor's code as it is on disk now, this module's included
+    _libraries_here()
+
+
+def _libraries_here() -> None:
+    """What the libraries set up as they were imported, set up again for this process: DVC's log
+    handlers and colorama's wrapping of stdout (``import dvc`` wraps a stream that is not a terminal
+    to strip colours: the runner's was /dev/null), Prefect's settings as this directory and
+    environment give them (a ``prefect.toml``, a ``.env`` here) and its console handler's colours."""
+    if "colorama" in sys.modules:
+        sys.modules["colorama"].deinit()  # sys.stdout and sys.stderr unwrapped
+    if "dvc.logger" in sys.modules:
+        dvc_logger = sys.modules["dvc.logger"]
+        for name in ("dvc", "dvc_objects", "dvc_data"):
+            named = logging.getLogger(name)
+            for handler in [h for h in named.handlers if isinstance(h, dvc_logger.LoggerHandler)]:
+                named.removeHandler(handler)
+        dvc_logger.setup()  # as `import dvc` does, with this process's streams
+    from conveyor.prefect.server import BOUNDED_CLIENT
+
+    # what every run sets first (the runner had them set as it imported Prefect): in place before
+    # the runner's settings are compared with this run's, so that the run's bound_client() finds them
+    os.environ.update({k: v for k, v in BOUNDED_CLIENT.items() if k not in os.environ})
+    if "prefect.context" in sys.modules:
+        from prefect.logging.handlers import PrefectConsoleHandler
+
+        now = settings_sources(Path.cwd())
+        if not SETTINGS_READ or now[1] or SETTINGS_READ[0] != now:  # else the runner's are this run's own
+            sys.modules["prefect.context"].refresh_global_settings_context()
+        for logger in [logging.getLogger(), *[logging.getLogger(name) for name in logging.root.manager.loggerDict]]:
+            for handler in logger.handlers:
+                if not isinstance(handler, PrefectConsoleHandler):
+                    continue
+                wrapped = getattr(handler.stream, "wrapped", None)  # created on colorama's wrapper of stderr
+                if wrapped is not None:
+                    handler.setStream(wrapped)
+                    handler.console.file = wrapped
+                if hasattr(handler.console, "_detect_color_system"):  # rich decides colours once, at creation
+                    handler.console._color_system = handler.console._detect_color_system()
+
+
+def _die_with(runner: int) -> None:
+    """SIGKILL when the runner dies (PR_SET_PDEATHSIG): a child never outlives it unwatched."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() != runner:  # it died before the signal was set
+        os._exit(1)
