@@ -140,9 +140,10 @@ def raise_if_gone() -> None:
 
 def bound_client() -> None:
     """Bounded request timeouts and retries for Prefect's client in this process (see BOUNDED_CLIENT)."""
-    for name, value in BOUNDED_CLIENT.items():
-        os.environ.setdefault(name, value)
-    if "prefect.settings" in sys.modules:  # imported already: its settings are read again
+    added = [name for name in BOUNDED_CLIENT if name not in os.environ]
+    for name in added:
+        os.environ[name] = BOUNDED_CLIENT[name]
+    if added and "prefect.settings" in sys.modules:  # imported already: its settings are read again
         from prefect.context import refresh_global_settings_context
 
         refresh_global_settings_context()
