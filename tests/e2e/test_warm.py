@@ -307,3 +307,15 @@ def test_a_forked_run_reads_the_prefect_settings_files_of_its_own_directory(
     assert flow_run_url().startswith("http://127.0.0.1:9/custom-ui/runs/flow-run/")
     (project.root / "prefect.toml").unlink()  # and no longer, once gone: the runner's own settings again
     assert not flow_run_url().startswith("http://127.0.0.1:9/custom-ui")
+
+
+@pytest.mark.slow
+def test_a_command_without_its_standard_input_runs_by_itself(make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    done = subprocess.run(["conveyor", "run", "-f"], cwd=project.root, env=project.env, capture_output=True,
+                          text=True, timeout=300, preexec_fn=lambda: os.close(0))  # no descriptor 0 to hand over
+    assert done.returncode == 0, done.stderr
+    assert forked_by(project) == []  # run here, as before the runner
+    assert json.loads((project.root / ".conveyor/runs/latest.json").read_text())["status"] == "succeeded"

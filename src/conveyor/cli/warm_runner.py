@@ -142,11 +142,12 @@ def serve(runner_key: str, wait_fd: int) -> None:
                   file=sys.stderr)
             return
         listener.listen(16)
-        _write_state(state, time.time(), idle, 0)
+        started = time.time()
+        _write_state(state, started, idle, 0)
         for extra in runners()[MAX_RUNNERS:]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(extra.pid, signal.SIGTERM)
-        _Loop(listener, idle, state).run()
+        _Loop(listener, idle, state, started).run()
     finally:
         with contextlib.suppress(OSError):
             state.unlink()
@@ -166,7 +167,6 @@ def _preload() -> None:
     SETTINGS_READ[:] = [settings_sources(Path.cwd())]
 
 
-
 def _write_state(state: Path, started: float, idle: float, served: int) -> None:
     """``KEY.json``, replaced whole (a reader never sees half of it)."""
     part = state.with_suffix(".part")
@@ -176,10 +176,10 @@ def _write_state(state: Path, started: float, idle: float, served: int) -> None:
 
 
 class _Loop:
-    def __init__(self, listener: socket.socket, idle: float, state: Path) -> None:
+    def __init__(self, listener: socket.socket, idle: float, state: Path, started: float) -> None:
         self.listener: socket.socket | None = listener
         self.idle, self.state = idle, state
-        self.started, self.served = time.time(), 0
+        self.started, self.served = started, 0
         self.children: dict[int, socket.socket] = {}
         self.stopping = False
         self.last = time.monotonic()
