@@ -80,10 +80,22 @@ _PARSING = threading.Lock()
 def parse(path: Path) -> ast.Module:
     """``path``'s source as a syntax tree, one parse at a time in the process: stages check their
     code in parallel threads, and CPython 3.11's ``ast.parse`` is not thread-safe ("AST
-    constructor recursion depth mismatch" when two threads parse at once)."""
+    constructor recursion depth mismatch" when two threads parse at once). The lock covers
+    conveyor's parses only: a library in a running stage's thread may parse meanwhile (seen in
+    CI: the reference pipeline's first run failed a stage's start with that SystemError), so a
+    parse the other thread spoiled is done again (the counter is reset at each parse)."""
     source = path.read_bytes()
-    with _PARSING:
-        return ast.parse(source, filename=str(path))
+    for attempt in range(_PARSE_TRIES):
+        with _PARSING:
+            try:
+                return ast.parse(source, filename=str(path))
+            except SystemError as exc:
+                if "recursion depth mismatch" not in str(exc) or attempt == _PARSE_TRIES - 1:
+                    raise
+    raise AssertionError("unreachable")
+
+
+_PARSE_TRIES = 5
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
