@@ -122,6 +122,22 @@ def alive(pid: int) -> bool:
     return True
 
 
+_COMMAND: list[int] = []  # a warm runner's child: the pid of the `conveyor` command it runs for
+
+
+def command_pid() -> int:
+    """The pid that names this run to the user (in the run lock, a kept server's lease): this
+    process's, or, for a run a warm runner forked (conveyor.cli.warm), the ``conveyor`` command's
+    that handed it over and stands in for it (a signal sent to it reaches the run; a DVC command
+    above it is what ran it). Liveness is never judged by it: locks are, held by the run itself."""
+    return _COMMAND[0] if _COMMAND else os.getpid()
+
+
+def stand_in(pid: int) -> None:
+    """This process runs for the ``conveyor`` command ``pid`` (set by a warm runner's child)."""
+    _COMMAND[:] = [pid]
+
+
 def run_holder(root: Path) -> int | None:
     """The pid of the process that holds the project's run lock now (0 where it wrote none);
     None when no one does. Only reads, so a read-only checkout can ask too."""
@@ -160,7 +176,7 @@ def run_lock(root: Path) -> Iterator[None]:
                                  "to finish, then run again", pid) from None
         fh.seek(0)
         fh.truncate()
-        fh.write(str(os.getpid()))
+        fh.write(str(command_pid()))
         fh.flush()
         try:
             yield

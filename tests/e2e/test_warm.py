@@ -319,3 +319,56 @@ def test_a_command_without_its_standard_input_runs_by_itself(make_project: Calla
     assert done.returncode == 0, done.stderr
     assert forked_by(project) == []  # run here, as before the runner
     assert json.loads((project.root / ".conveyor/runs/latest.json").read_text())["status"] == "succeeded"
+
+
+HOLD_TASK = """
+import time
+
+
+def hold(ctx):
+    (ctx.root / "started").touch()
+    while not (ctx.root / "release").exists():
+        time.sleep(0.05)
+    (ctx.root / "held.txt").write_text("held\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_forked_run_is_named_by_the_command_that_asked_for_it_also_under_dvc_repro(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/hold.py", HOLD_TASK)
+    (project.root / "dvc.yaml").unlink()
+    project.write("configs/pipeline.yaml", """
+        pipeline: named
+        stages:
+          quick: {cmd: echo quick > quick.txt, outs: [quick.txt]}
+          hold: {task: tasks.hold:hold, outs: [held.txt]}
+    """)
+    assert project.conveyor("run", "quick").returncode == 0
+    assert project.conveyor("compile").returncode == 0
+    ready(home)
+
+    run = project.popen("run", "hold")  # forked: the lock names this command, not the runner's child
+    _wait_for(project.root / "started", run)
+    status = project.conveyor("status")
+    assert f"a run is in progress (pid {run.pid})" in status.stdout + status.stderr, status.stdout + status.stderr
+    refused = project.conveyor("run", "quick")
+    assert refused.returncode == 1 and "another conveyor run holds" in refused.stderr and f"(pid {run.pid})" \
+        in refused.stderr, refused.stderr
+    (project.root / "release").touch()
+    assert run.wait(timeout=120) == 0
+
+    for name in ("started", "release"):
+        (project.root / name).unlink()
+    repro = subprocess.Popen(["dvc", "repro", "-f", "hold"], cwd=project.root, env=project.env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # `conveyor exec hold`, forked
+    _wait_for(project.root / "started", repro)
+    refused = project.conveyor("run", "quick")
+    assert refused.returncode == 1 and "DVC is running in" in refused.stderr, refused.stderr
+    (project.root / "release").touch()
+    output, _ = repro.communicate(timeout=120)
+    assert repro.returncode == 0, output
+    served = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
+    assert served >= 4  # the run, status is not forked, the refused runs and the exec were

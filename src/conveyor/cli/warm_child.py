@@ -43,11 +43,15 @@ def settings_sources(here: Path) -> tuple[object, bool]:
     return profiles, local
 
 
-def child(runner: int, conn: socket.socket, fds: list[int], request: dict[str, Any], shared: list[Any]) -> None:
+def child(runner: int, client: int, conn: socket.socket, fds: list[int], request: dict[str, Any],
+          shared: list[Any]) -> None:
     """The forked child: become the client's process as a fresh one would be, run the command, exit."""
     code: int = 1
     try:
         _become(runner, fds, request, [conn, *shared])
+        from conveyor.workspace import stand_in
+
+        stand_in(client)  # the run lock and a kept server's lease name the command the user started
         from conveyor.cli.app import main
 
         main()

@@ -258,7 +258,7 @@ class _Loop:
         runner = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child(runner, conn, fds, request, [self.wake_r, self.wake_w, listener, *self.children.values()])
+            child(runner, peer[0], conn, fds, request, [self.wake_r, self.wake_w, listener, *self.children.values()])
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from conveyor.errors import PrefectServerError, UsageError
 from conveyor.run.nanny_env import user_environ
+from conveyor.workspace import command_pid
 
 DEFAULT_IDLE_S = 900.0
 STARTUP_TIMEOUT_S = 120.0
@@ -162,7 +163,7 @@ class KeptServer:
             state = State.read(self.directory)
             if state is None or not state.alive() or state.prefect != _prefect_version():
                 return None
-            self.lease_path = self.directory / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
+            self.lease_path = self.directory / "leases" / f"{command_pid()}-{time.monotonic_ns()}"
             self.lease = self.lease_path.open("w")
             fcntl.flock(self.lease, fcntl.LOCK_EX)
         from conveyor.prefect.server import unanswered
