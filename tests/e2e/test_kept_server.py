@@ -5,6 +5,7 @@ run that used it was killed."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -195,3 +196,17 @@ def test_a_prefect_home_where_no_server_can_be_kept_fails_the_run_in_one_line(
     assert project.record()["status"] == "failed"
     assert not project.left_running(grace_s=5)
 
+
+
+def test_a_kept_server_whose_prefect_home_was_removed_still_stops_after_its_idle_time(
+        make_project: Callable[[], Project], tmp_path: Path) -> None:
+    home = tmp_path / "removed-home"
+    project = kept_project(make_project, home, idle="2")
+    assert project.conveyor("run").returncode == 0
+    [server] = keepers(home)
+    try:
+        shutil.rmtree(home)  # a temporary PREFECT_HOME cleaned up, `rm -rf ~/.prefect`: nothing to read its state from
+        wait_for("the server stopping after its idle time", lambda: gone(server), 60)
+    finally:
+        if not gone(server):
+            server.kill()

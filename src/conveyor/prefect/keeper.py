@@ -82,7 +82,11 @@ def write_state(directory: Path, port: int, idle_s: float) -> None:
 def _closed_if_idle(directory: Path, app: Touched, idle_s: float, active: list[float]) -> bool:
     """Whether the server is idle past ``idle_s``; then its state is gone when this returns (under the
     gate) and no run can join it any more. ``active``: when a lease was last seen held."""
-    with (directory / "gate").open("a") as gate:
+    try:
+        opened = (directory / "gate").open("a")
+    except OSError:  # its folder is gone (PREFECT_HOME removed): no run can find it, none can lease it;
+        return time.monotonic() - max(active[0], app.last) >= idle_s  # it stops once no request came for a while
+    with opened as gate:
         try:
             fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a run is joining: it is not idle
@@ -129,8 +133,8 @@ def main(argv: list[str]) -> int:
     try:
         asyncio.run(_serve(directory, port, idle_s))
     finally:
-        with (directory / "gate").open("a") as gate:  # a run reading the state waits for its removal
-            fcntl.flock(gate, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError), (directory / "gate").open("a") as gate:  # a run reading the
+            fcntl.flock(gate, fcntl.LOCK_EX)  # state waits for its removal (none where the folder is gone)
             remove_state(directory, os.getpid())
     return 0
 
