@@ -14,7 +14,7 @@ from types import TracebackType
 import psutil
 
 from benchmarks.harness import check
-from conveyor.cli.warm_runner import Runner
+from conveyor.cli.warm_runner import Runner, runners
 
 MIB = 2**20
 
@@ -135,13 +135,9 @@ def rss_mib(procs: list[psutil.Process]) -> float:
 def wait_warm(home: Path, deadline_s: float = 60) -> Runner:
     """The warm runner the first run of ``home`` started, once it serves (it writes its state file then)."""
     deadline = time.monotonic() + deadline_s
-    while not (found := [r for r in runners_of(home) if r.served >= 0]):
+    while not (found := [r for r in runners(home) if r.served >= 0]):
         check(time.monotonic() < deadline, f"no warm runner served {deadline_s:.0f} s after the first run")
         time.sleep(0.05)
     return found[0]
 
 
-def runners_of(home: Path) -> list[Runner]:
-    """The warm runners of ``home`` (conveyor.cli.warm_runner), as their state files say now."""
-    return [runner for path in sorted((home / "conveyor-server/warm").glob("*.json"))
-            if (runner := Runner.read(path)) is not None]

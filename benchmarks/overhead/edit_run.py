@@ -36,8 +36,9 @@ import yaml
 
 from benchmarks.commands import alternating
 from benchmarks.harness import Config, Metric, Result, check, median, met
-from benchmarks.processes import runners_of, wait_warm
+from benchmarks.processes import wait_warm
 from benchmarks.projects import base_env, check_no_leftovers, cli, make_repo, no_server_env, run_record, timed_cli
+from conveyor.cli.warm_runner import runners
 
 NAME = "edit-run"
 DESCRIPTION = ("the edit-run loop with no PREFECT_API_URL: conveyor run -s -f STAGE vs dvc repro -s -f STAGE "
@@ -80,7 +81,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         record = run_record(project)
         ran = sorted(name for name, stage in record["stages"].items() if stage["status"] == "succeeded")
         check(ran == ["report"], f"conveyor run -s -f report ran {ran}")
-        served = [r.served for r in runners_of(home) if r.pid == warm.pid]
+        served = [r.served for r in runners(home) if r.pid == warm.pid]
         check(served != [] and served[0] >= repeats, f"the forced runs were not all forked by the warm runner "
                                                      f"(it served {served})")
         lock = yaml.safe_load((project / "dvc.lock").read_text())

@@ -162,8 +162,10 @@ class _Forwarder:
 def handed_over(runner_key: str, args: list[str]) -> None:
     """Give the command to the runner of ``runner_key`` and exit as its child does; return when no
     runner took it (none runs, it is stopping, a standard descriptor is closed), having started nothing."""
+    fds = [0, 1, 2]
     try:
-        fds = [fd for fd in (0, 1, 2) if os.fstat(fd) is not None]
+        for fd in fds:
+            os.fstat(fd)  # closed: nothing to hand over
     except OSError:
         return
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

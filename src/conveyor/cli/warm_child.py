@@ -30,9 +30,10 @@ SETTINGS_READ: list[tuple[object, bool]] = []
 def settings_sources(here: Path) -> tuple[object, bool]:
     """The profiles file's (mtime, size, inode), and whether ``here`` holds a file Prefect reads
     settings from (prefect.toml, .env, a pyproject.toml with a [tool.prefect] table)."""
-    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    from conveyor.prefect.kept import prefect_home
+
     try:
-        st = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").stat()
+        st = Path(os.environ.get("PREFECT_PROFILES_PATH") or prefect_home() / "profiles.toml").stat()
         profiles: object = (st.st_mtime_ns, st.st_size, st.st_ino)
     except OSError:
         profiles = None
@@ -117,11 +118,11 @@ def _libraries_here() -> None:
             for handler in [h for h in named.handlers if isinstance(h, dvc_logger.LoggerHandler)]:
                 named.removeHandler(handler)
         dvc_logger.setup()  # as `import dvc` does, with this process's streams
-    from conveyor.prefect.server import BOUNDED_CLIENT
+    from conveyor.prefect.server import bounded_environ
 
     # what every run sets first (the runner had them set as it imported Prefect): in place before
     # the runner's settings are compared with this run's, so that the run's bound_client() finds them
-    os.environ.update({k: v for k, v in BOUNDED_CLIENT.items() if k not in os.environ})
+    bounded_environ()
     if "prefect.context" in sys.modules:
         from prefect.logging.handlers import PrefectConsoleHandler
 

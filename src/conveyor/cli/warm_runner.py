@@ -41,6 +41,7 @@ from typing import Any
 
 from conveyor.cli.warm import EVENT, HEADER, address, idle_s
 from conveyor.cli.warm_child import SETTINGS_READ, child, settings_sources
+from conveyor.prefect.kept import prefect_home
 
 MAX_RUNNERS = 4
 STARTING = -1  # the runs served, in a state file, before the runner serves any
@@ -59,8 +60,9 @@ PRELOAD = ("conveyor.cli.app", "conveyor.cli.run", "conveyor.prefect.flow", "con
            "graphviz", "ruamel.yaml", "fsspec.implementations.memory", "rich._emoji_codes", "encodings.idna")
 
 
-def directory() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser() / "conveyor-server" / "warm"
+def directory(home: Path | None = None) -> Path:
+    """Where the warm runners of ``home`` (this process's PREFECT_HOME by default) keep their files."""
+    return (home or prefect_home()) / "conveyor-server" / "warm"
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,10 @@ class Runner:
             return None
 
 
-def runners() -> list[Runner]:
-    """The warm runners of this ``PREFECT_HOME`` that still run, the most recently used first."""
-    found = [r for p in directory().glob("*.json") if (r := Runner.read(p)) is not None and _is_runner(r)]
+def runners(home: Path | None = None) -> list[Runner]:
+    """The warm runners of ``home`` (this ``PREFECT_HOME`` by default) that still run, the most recently
+    used first."""
+    found = [r for p in directory(home).glob("*.json") if (r := Runner.read(p)) is not None and _is_runner(r)]
     return sorted(found, key=lambda r: -r.used)
 
 
@@ -133,9 +136,9 @@ def serve(runner_key: str, wait_fd: int) -> None:
         while os.read(wait_fd, 4096):  # until the run that started this one has ended
             pass
         os.close(wait_fd)
-        from conveyor.prefect.server import BOUNDED_CLIENT
+        from conveyor.prefect.server import bounded_environ
 
-        os.environ.update({k: v for k, v in BOUNDED_CLIENT.items() if k not in os.environ})  # as runs set them
+        bounded_environ()  # as every run sets them, before Prefect reads its settings
         _preload()
         if threading.active_count() > 1:  # a fork would copy held locks: serve nothing
             print(f"conveyor warm runner: threads after the imports ({threading.enumerate()}): not serving",

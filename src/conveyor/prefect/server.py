@@ -138,12 +138,17 @@ def raise_if_gone() -> None:
         raise PrefectServerGone(url, why, while_running=True)
 
 
+def bounded_environ() -> bool:
+    """:data:`BOUNDED_CLIENT` in the environment where it does not set them: whether any was added
+    (Prefect's settings, if already read, are then out of date)."""
+    added = [name for name in BOUNDED_CLIENT if name not in os.environ]
+    os.environ.update({name: BOUNDED_CLIENT[name] for name in added})
+    return bool(added)
+
+
 def bound_client() -> None:
     """Bounded request timeouts and retries for Prefect's client in this process (see BOUNDED_CLIENT)."""
-    added = [name for name in BOUNDED_CLIENT if name not in os.environ]
-    for name in added:
-        os.environ[name] = BOUNDED_CLIENT[name]
-    if added and "prefect.settings" in sys.modules:  # imported already: its settings are read again
+    if bounded_environ() and "prefect.settings" in sys.modules:  # imported already: its settings are read again
         from prefect.context import refresh_global_settings_context
 
         refresh_global_settings_context()
