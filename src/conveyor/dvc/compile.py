@@ -175,3 +175,10 @@ def compiled_from(project: Project) -> bool:
     with path.open(encoding="utf-8") as fh:
         first = fh.readline()
     return first == HEADER.format(spec=project.rel(project.spec_path))
+
+
+def rendered(project: Project) -> Any:
+    """The dvc.yaml the spec compiles to now, as DVC parses it (a question reads it unwritten)."""
+    from dvc.utils.serialize import parse_yaml
+
+    return parse_yaml(render(project), "dvc.yaml")

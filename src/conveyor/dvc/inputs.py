@@ -97,3 +97,15 @@ def _cmd_template(stage: PipelineStage) -> Any:
 
 def _listed(cmd: Any) -> list[str]:
     return [cmd] if isinstance(cmd, str) else [str(c) for c in cmd] if isinstance(cmd, list) else []
+
+
+def recorded_cmd(lock: Path, stage: str) -> Any:
+    """``stage``'s command as the dvc.lock at ``lock`` records it (None: not recorded, unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.load(lock.read_text(encoding="utf-8"),
+                         Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+    except (OSError, yaml.YAMLError):
+        return None
+    return ((data or {}).get("stages") or {}).get(stage, {}).get("cmd")

@@ -10,7 +10,6 @@ DVC is imported only here, lazily.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -20,17 +19,17 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.dvc.compile import compiled_from, drift, dvc_yaml, render, write_dvc_yaml
-from conveyor.dvc.inputs import as_started, command_changes, started_inputs
+from conveyor.dvc.compile import compiled_from, drift, dvc_yaml, rendered, write_dvc_yaml
+from conveyor.dvc.inputs import as_started, command_changes, recorded_cmd, started_inputs
 from conveyor.dvc.lockfile import LockWriter
 from conveyor.dvc.missing import changed_with_data, pull_missing_deps, pull_run_cache, pulled_instead
-from conveyor.dvc.reasons import params_changed, reason, rel_to
+from conveyor.dvc.reasons import params_changed, reason, rel_to, stage_status
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
+from conveyor.dvc.rwlock import running_dvc
 from conveyor.dvc.vouched import outs_match
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths
 from conveyor.spec.project import Project
-from conveyor.workspace import alive
 
 if TYPE_CHECKING:
     from dvc.stage import PipelineStage
@@ -110,7 +109,7 @@ class DvcRecord:
             raise RunLockedError(f"another DVC or conveyor process holds {self.project.root / '.dvc/tmp/lock'}:"
                                  " wait for it to finish (dvc repro, dvc exp run, conveyor run), then run again"
                                  ) from exc
-        busy = self._running_dvc()
+        busy = running_dvc(self.project.root)
         if busy:
             with self._mutex:
                 held.close()
@@ -173,7 +172,7 @@ class DvcRecord:
         else:
             dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
             if as_compiled and drift(self.project) is not None:  # DVC's own schema check, on the text not written
-                dvcfile.__dict__["contents"] = dvcfile.validate(yaml_text(render(self.project)), str(self.file))
+                dvcfile.__dict__["contents"] = dvcfile.validate(rendered(self.project), str(self.file))
             self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
             self._entries = dict(dvcfile.lockfile_contents.get("stages", {}))
             self._locked = set(self._entries)
@@ -202,18 +201,6 @@ class DvcRecord:
         named = {(f, n): name for name, (f, n) in source.addresses.items()} if source is not None else {}
         return outs_match(self.project, named.get((dvc_file, own), own), entry)
 
-    def _running_dvc(self) -> list[str]:
-        """Live DVC commands holding path locks (``dvc repro`` releases its repository lock while
-        a stage command runs and keeps only these), as ``"dvc repro (pid 123)"``."""
-        path = self.project.root / ".dvc" / "tmp" / "rwlock"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return []
-        holders = [*data.get("write", {}).values(), *(i for infos in data.get("read", {}).values() for i in infos)]
-        return sorted({f"{h.get('cmd', 'dvc')} (pid {h['pid']})" for h in holders
-                       if isinstance(h, dict) and alive(int(h.get("pid", 0)))})
-
     def _stage(self, name: str) -> PipelineStage:
         if name not in self._stages:  # an item new in the params file after the dvc.yaml read (dry-run -S)
             raise UsageError(f"stage '{name}' is not in {self.project.rel(self.file)} as DVC reads it: "
@@ -236,9 +223,9 @@ class DvcRecord:
                 if self.allow_missing and not changed_with_data(st, self._upstream(stage)):
                     return []
                 if self.pull and not self.question and not changed_with_data(st, self._upstream(stage)) \
-                        and _status(st) and pulled_instead(st):
+                        and stage_status(st) and pulled_instead(st):
                     return []
-                status = _status(st)
+                status = stage_status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
             entries = [e for e in status.get(st.addressing, []) if not (st.frozen and e == "always changed")]
@@ -247,7 +234,8 @@ class DvcRecord:
                        for r in reason(entry, self._code[stage], partial(params_changed, st), self.project.root, paths)]
             reasons += self._removed_deps(stage, st)
             if "changed command" in entries:  # only because a ${param} in it changed? say which
-                explained = command_changes(st, self._recorded_cmd(stage))
+                recorded = recorded_cmd(self._file_of(stage).with_suffix(".lock"), self._own(stage))
+                explained = command_changes(st, recorded)
                 if explained is not None:
                     at = reasons.index("command changed")
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
@@ -275,17 +263,6 @@ class DvcRecord:
         with self._mutex:
             return commit_sources(self.project, self.repo, sources_of(self.project, stages), force=force,
                                   no_commit=self.no_commit, allow_missing=self.allow_missing, pull=self.pull)
-
-    def _recorded_cmd(self, stage: str) -> Any:
-        """The stage's command as dvc.lock records it."""
-        import yaml
-
-        try:
-            lock = yaml.load(self._file_of(stage).with_suffix(".lock").read_text(encoding="utf-8"),
-                             Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
-        except (OSError, yaml.YAMLError):
-            return None
-        return ((lock or {}).get("stages") or {}).get(self._own(stage), {}).get("cmd")
 
     def prepare(self, stage: str) -> None:
         """What ``dvc repro`` does to a stage's outs before its command (a ``persist`` out linked
@@ -362,23 +339,6 @@ class DvcRecord:
         entry = to_lockfile(st)[st.name]
         self._entries[stage] = entry
         self._locks[self._file_of(stage).with_suffix(".lock")].update(st.name, entry)
-
-
-def _status(stage: PipelineStage) -> dict[str, list[Any]]:
-    """DVC's ``Stage.status`` (what ``dvc status`` prints) without the path lock it takes on each
-    call (``rwlocked``: .dvc/tmp/rwlock read and rewritten twice, about half of the call). A
-    record's session holds DVC's repository lock, which every DVC command needs to take a path
-    lock, and found no DVC command holding one when it took it (:meth:`DvcRecord._running_dvc`):
-    no other process reads or writes these paths meanwhile."""
-    unlocked = getattr(type(stage).status, "__wrapped__", None)  # the function under DVC's decorator
-    return dict(unlocked(stage) if unlocked is not None else stage.status())
-
-
-def yaml_text(text: str) -> Any:
-    """The document of a YAML text, read as DVC reads dvc.yaml."""
-    from dvc.utils.serialize import parse_yaml
-
-    return parse_yaml(text, "dvc.yaml")
 
 
 def open_record(project: Project, *, question: bool = False, no_commit: bool = False,
