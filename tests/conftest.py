@@ -28,6 +28,8 @@ os.environ.setdefault("CONVEYOR_SERVER_IDLE", "0")
 # Nor does a test read the user's own PREFECT_HOME: a server kept there by the user's own
 # `conveyor run` (the README's first command) would show in `conveyor runs` and the like.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="conveyor-tests-prefect-home-")
+# Nor the user's cache of loaded projects (conveyor.spec.snapshot): the session's own.
+os.environ["CONVEYOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="conveyor-tests-cache-")
 # The processes the tests start (conveyor, Dask workers, isolated tasks) write their bytecode as
 # a user's Python does: a machine with PYTHONDONTWRITEBYTECODE set (CI's) would otherwise have
 # every one of them compile conveyor's modules anew (0.1 s of each `conveyor status`).

@@ -52,7 +52,9 @@ class DvcSource:
     stages of other dvc.yaml files that ``dvc repro`` of this one runs too (upstream of its
     stages), by the name DVC prints (``sub/dvc.yaml:make``): their file and their own name there;
     ``params`` and ``items``: per stage, the params it declares and its foreach/matrix item,
-    which the run record keeps (``conveyor compare`` shows them).
+    which the run record keeps (``conveyor compare`` shows them); ``inputs``: the files the
+    project was loaded from, with the digest of their bytes then, where they are known
+    (:mod:`conveyor.spec.snapshot`; :mod:`conveyor.dvc.stamps` keeps DVC's answers with them).
     """
 
     file: Path
@@ -65,6 +67,7 @@ class DvcSource:
     addresses: Mapping[str, tuple[Path, str]] = field(default_factory=dict)
     params: Mapping[str, dvcstages.Declared] = field(default_factory=dict)
     items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    inputs: Mapping[str, str | None] | None = field(default=None, compare=False, repr=False)
     _files: dict[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def file_of(self, stage: str) -> Path:
@@ -87,6 +90,15 @@ def is_placement(doc: LoadedYaml) -> bool:
 
 def load_dvc_project(dvc_file: Path, placement: LoadedYaml | None = None, *, all_pipelines: bool = False
                      ) -> Project:
+    """The project of ``dvc_file`` (:func:`_load`), from the snapshot of its last load while nothing
+    that load read has changed (:mod:`conveyor.spec.snapshot`)."""
+    from conveyor.spec import snapshot
+
+    return snapshot.loaded(dvc_file, placement.path if placement is not None else None, all_pipelines,
+                           lambda: _load(dvc_file, placement, all_pipelines=all_pipelines))
+
+
+def _load(dvc_file: Path, placement: LoadedYaml | None = None, *, all_pipelines: bool = False) -> Project:
     """The project that runs ``dvc_file``, placed as ``placement`` says (None: every stage local);
     with ``all_pipelines``, and every stage of the repository's other dvc.yaml files (``dvc repro -P``).
 
