@@ -92,6 +92,9 @@ def _metrics_lines(record: RunRecord, project: Project) -> list[RenderableType]:
     return lines
 
 
+LISTED = 100  # stages listed one by one by `conveyor status`; beyond, the up-to-date ones are counted
+
+
 def status_table(reasons: Mapping[str, list[str]], notes: Mapping[str, list[str]] | None = None) -> RenderableType:
     """``conveyor status``: each stage, up to date or why it is stale, and what changed in its
     environment since its last run (``notes``: information, never a reason to run)."""
@@ -99,12 +102,21 @@ def status_table(reasons: Mapping[str, list[str]], notes: Mapping[str, list[str]
     table.add_column("stage")
     table.add_column("status")
     table.add_column("why")
+    quiet = len(reasons) > LISTED  # a long pipeline: what is stale, and how many stages are not
+    more = 0
     for stage, why in reasons.items():
+        said = (notes or {}).get(stage, [])
+        if quiet and not why and not said:
+            more += 1
+            continue
         state = "stale" if why else "up to date"
         text = Text("; ".join(why))
-        for note in (notes or {}).get(stage, []):
+        for note in said:
             text.append(f"{'; ' if text else ''}{note}", style="cyan")
         table.add_row(stage, Text(state, style="yellow" if why else "green"), text)
+    if more:
+        table.add_row(f"({more:,} {'other ' if table.row_count else ''}stage{'s' if more != 1 else ''})",
+                      Text("up to date", style="green"), "")
     return table
 
 

@@ -26,6 +26,7 @@ from conveyor.dvc.missing import changed_with_data, pull_missing_deps, pull_run_
 from conveyor.dvc.reasons import params_changed, reason, rel_to, stage_status
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
 from conveyor.dvc.rwlock import running_dvc
+from conveyor.dvc.stamps import Stamps
 from conveyor.dvc.vouched import outs_match
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
 from conveyor.plan.fingerprint import FingerprintRecord, Record, code_paths
@@ -79,9 +80,11 @@ class DvcRecord:
                                  "`dvc config core.no_scm true` to use DVC without git)") from None
         self._mutex = threading.RLock()
         self._code = {name: set(code_paths(project, name)) for name in project.order}
-        self._stages: dict[str, PipelineStage] = {}
-        self._locked: set[str] = set()
-        self._entries: dict[str, Any] = {}  # dvc.lock's entry of each stage, as the session read it or wrote it
+        self._stages_read: dict[str, PipelineStage] = {}
+        self._locked_read: set[str] = set()
+        self._entries_read: dict[str, Any] = {}  # dvc.lock's entry of each stage, as the session read it or wrote it
+        self._stamps = Stamps(project)  # DVC's past answers, where nothing they were decided on changed
+        self._deferred = False  # DVC's stages not read yet: the stamps may answer for every stage
         self._started: dict[str, dict[str, tuple[Any, Any]]] = {}  # a running stage's deps: (hash, meta) by path
         # one writer per dvc.lock: a stage of another dvc.yaml (upstream of this one's) is recorded beside it
         others = [file for file, _ in project.dvc.addresses.values()] if project.dvc is not None else []
@@ -133,6 +136,7 @@ class DvcRecord:
                 try:
                     for writer in self._locks.values():
                         writer.flush()  # what stages recorded since the last write, before DVC's lock goes
+                    self._stamps.close()
                 finally:
                     held.close()
                     self.repo.close()
@@ -152,6 +156,7 @@ class DvcRecord:
         lock (a run) or where no one can take it (a read-only checkout), or that writes nothing
         (``status``, ``run --dry-run``). Never for a run. A dvc.yaml that no longer matches the
         spec is read as a run would compile it again, and not written."""
+        self._stamps.usable = False  # what a run changes meanwhile is DVC's to say
         try:
             with self._mutex:
                 self._load(as_compiled=self.project.dvc is None)
@@ -160,23 +165,54 @@ class DvcRecord:
             with self._mutex:
                 self.repo.close()
 
-    def _load(self, *, as_compiled: bool = False) -> None:
+    def _load(self, *, as_compiled: bool = False, defer: bool = True) -> None:
         """DVC's stages and dvc.lock's entries; ``as_compiled``: the stages of the dvc.yaml the spec
-        compiles to now, whatever the file holds (for a question, which writes nothing)."""
+        compiles to now, whatever the file holds (for a question, which writes nothing); ``defer``:
+        not read until a stage needs them when DVC's past answers may answer for every stage
+        (:mod:`conveyor.dvc.stamps`)."""
         from dvc.dvcfile import load_file
+
+        from conveyor.spec.dvcload import SchemaChecked
 
         current = self._loaded.current() if self._loaded is not None else None  # under DVC's lock: still current?
         self._loaded = None
+        answers = self._stamps.open()  # (and the bytes of what they were decided on, as the session began)
+        self._deferred = defer and current is None and not as_compiled and answers
+        if self._deferred:
+            return
         if current is not None:
-            self._stages, self._locked = dict(current[0]), set(current[1])
+            self._stages_read, self._locked_read = dict(current[0]), set(current[1])
         else:
             dvcfile = load_file(self.repo, str(self.file))  # absolute: DVC reads a relative path from the cwd
+            checked = SchemaChecked(self.project.root, self.file)
             if as_compiled and drift(self.project) is not None:  # DVC's own schema check, on the text not written
                 dvcfile.__dict__["contents"] = dvcfile.validate(rendered(self.project), str(self.file))
-            self._stages = {stage.name: stage for stage in dvcfile.stages.values()}
-            self._entries = dict(dvcfile.lockfile_contents.get("stages", {}))
-            self._locked = set(self._entries)
+            elif checked.before:
+                dvcfile.SCHEMA = None  # these very bytes passed DVC's schema check (it only checks)
+            self._stages_read = {stage.name: stage for stage in dvcfile.stages.values()}
+            self._entries_read = dict(dvcfile.lockfile_contents.get("stages", {}))
+            self._locked_read = set(self._entries_read)
         self._load_others()
+
+    def _read_now(self) -> None:
+        """DVC's stages, read where the stamps left them unread (a stage they do not answer for)."""
+        if self._deferred:
+            self._load(defer=False)
+
+    @property
+    def _stages(self) -> dict[str, PipelineStage]:
+        self._read_now()
+        return self._stages_read
+
+    @property
+    def _locked(self) -> set[str]:
+        self._read_now()
+        return self._locked_read
+
+    @property
+    def _entries(self) -> dict[str, Any]:
+        self._read_now()
+        return self._entries_read
 
     def _load_others(self) -> None:
         """The stages of other dvc.yaml files that run with this one (upstream of its stages), and
@@ -216,6 +252,8 @@ class DvcRecord:
         from dvc.exceptions import DvcException
 
         with self._mutex:
+            if self._stamps.up_to_date(stage):
+                return []
             if not self.recorded(stage) and not getattr(self._stages.get(stage), "frozen", False):
                 return ["never run"]  # (a new item of a sweep grown by -S is not in the file DVC read)
             st = self._stage(stage)  # DVC asks a frozen stage only about its outs, recorded or not
@@ -225,6 +263,7 @@ class DvcRecord:
                 if self.pull and not self.question and not changed_with_data(st, self._upstream(stage)) \
                         and stage_status(st) and pulled_instead(st):
                     return []
+                before = self._stamps.before(st)
                 status = stage_status(st)
             except (OSError, DvcException) as exc:  # e.g. a symlinked out whose cache is gone
                 return [f"DVC cannot check it: {exc}"]
@@ -239,6 +278,7 @@ class DvcRecord:
                 if explained is not None:
                     at = reasons.index("command changed")
                     reasons[at:at + 1] = [r for r in explained if r not in reasons]
+            self._stamps.after(stage, st, before, up_to_date=not reasons)
             return reasons
 
     def _upstream(self, stage: str) -> list[PipelineStage]:
@@ -320,6 +360,7 @@ class DvcRecord:
                 st.commit()
             self._dump_lock(stage, st)
             self._locked.add(stage)
+            self._stamps.ran(stage)
         return changed
 
     def _file_of(self, stage: str) -> Path:
