@@ -136,3 +136,16 @@ def test_a_pipeline_dvc_recorded_since_is_asked_again(repo: Path, dvc_asked: lis
     asked = len(dvc_asked)
     assert ask(repo) == {"prepare": [], "report": []}
     assert len(dvc_asked) == asked + 2
+
+
+def test_a_command_that_uses_nothing_kept_leaves_what_was_kept(repo: Path, dvc_asked: list[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    ask(repo)
+    ask(repo)
+    assert len(dvc_asked) == 2
+    monkeypatch.setenv("CONVEYOR_SNAPSHOT", "0")
+    assert ask(repo) == {"prepare": [], "report": []}
+    assert len(dvc_asked) == 4  # DVC alone
+    monkeypatch.delenv("CONVEYOR_SNAPSHOT")
+    assert ask(repo) == {"prepare": [], "report": []}
+    assert len(dvc_asked) == 4

@@ -140,8 +140,10 @@ class Stamps:
 
     def close(self) -> None:
         """Keep this session's answers when nothing they were decided on changed during it."""
-        if not self.usable or not self.digests or {f: digest(f) for f in self.files} != self.digests:
-            self._drop()
+        if not self.usable or not self.digests:
+            return  # nothing read or decided here (a question during a run, or nothing kept)
+        if {f: digest(f) for f in self.files} != self.digests:
+            self._drop()  # what the answers were decided on changed during the command
             return
         stages = {**{s: e for s, e in self.kept.items() if s not in self.changed}, **self.fresh}
         if stages == self.kept:

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from conveyor.spec.project import Project
@@ -62,52 +62,60 @@ def enabled() -> bool:
 
 
 class _Reads:
-    """The files opened for reading and the folders listed by the thread that loads."""
+    """The files opened for reading and the folders listed while a load runs: by any thread of
+    the process (what another thread read too only makes the snapshot more careful)."""
 
-    active: _Reads | None = None
-    hooked = False
+    active: ClassVar[list[_Reads]] = []
+    hooked: ClassVar[bool] = False
 
     def __init__(self) -> None:
-        self.thread = threading.get_ident()
         self.files: set[str] = set()
         self.folders: set[str] = set()
 
     @classmethod
     def hook(cls, event: str, args: tuple[Any, ...]) -> None:
-        reads = cls.active
-        if reads is None or threading.get_ident() != reads.thread:
+        if not cls.active:
             return
         if event == "open":
             path, mode, flags = args
             writes = (flags or 0) & _WRITE_FLAGS if mode is None else any(c in str(mode) for c in "wax+")
             if isinstance(path, (str, bytes, os.PathLike)) and not writes:
-                reads.files.add(os.path.abspath(os.fsdecode(path)))
+                for reads in list(cls.active):
+                    reads.files.add(os.path.abspath(os.fsdecode(path)))
         elif event in ("os.listdir", "os.scandir") and isinstance(args[0], (str, bytes, os.PathLike)):
-            reads.folders.add(os.path.abspath(os.fsdecode(args[0])))
+            for reads in list(cls.active):
+                reads.folders.add(os.path.abspath(os.fsdecode(args[0])))
+
+
+_hooking = threading.Lock()
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[_Reads]:
-    """What the calling thread opens and lists inside the block."""
-    if not _Reads.hooked:
-        sys.addaudithook(_Reads.hook)
-        _Reads.hooked = True
-    reads = _Reads()
-    _Reads.active = reads
+    """What the process opens and lists inside the block."""
+    with _hooking:
+        if not _Reads.hooked:
+            sys.addaudithook(_Reads.hook)
+            _Reads.hooked = True
+        reads = _Reads()
+        _Reads.active = [*_Reads.active, reads]
     try:
         yield reads
     finally:
-        _Reads.active = None
+        with _hooking:
+            _Reads.active = [r for r in _Reads.active if r is not reads]
 
 
 def digest(path: str) -> str | None:
+    """The sha256 of a file's bytes; None when it is absent or unreadable; what it is otherwise."""
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # never opened: a FIFO would block
+            return "folder" if stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode:o}"
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         return None
-    except IsADirectoryError:
-        return "folder"
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -138,7 +146,8 @@ def _code_stamp() -> str:
                 st = os.stat(os.path.join(folder, name))
                 found.update(f"{folder}/{name} {st.st_mtime_ns} {st.st_size}\n".encode())
     found.update(f"{version('dvc')} {version('pydantic')} {sys.version} {FORMAT}".encode())
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("DVC_") or k == "SHELL")
+    env = sorted((k, v) for k, v in os.environ.items()  # what chooses the shell and DVC's config files
+                 if k.startswith("DVC_") or k in ("SHELL", "HOME", "XDG_CONFIG_HOME"))
     found.update(repr(env).encode())
     return found.hexdigest()
 
