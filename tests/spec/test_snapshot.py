@@ -167,6 +167,21 @@ def test_turned_off_no_snapshot_is_read_or_written(repo: Path, loads: list[Path]
     assert not list(snapshot.cache_dir().glob("*.pickle"))
 
 
+def test_a_read_the_hook_cannot_note_fails_nothing_and_keeps_nothing(repo: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An audit hook that raises fails what it audits: a listing in a working folder another
+    process removed (its absolute path cannot be known) goes on as without the hook."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with snapshot.recording() as reads:
+        assert os.listdir(".") == []  # what Linux lists in a removed folder
+    assert reads.lost
+    monkeypatch.chdir(repo)
+    assert snapshot.Snapshot(repo / "dvc.yaml", None, False).keep(load_project(repo / "dvc.yaml"), reads, 0) is None
+
+
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(tmp_path / "cache"))

@@ -71,11 +71,20 @@ class _Reads:
     def __init__(self) -> None:
         self.files: set[str] = set()
         self.folders: set[str] = set()
+        self.lost = False  # a read could not be noted: nothing is kept
 
     @classmethod
     def hook(cls, event: str, args: tuple[Any, ...]) -> None:
         if not cls.active:
             return
+        try:
+            cls._note(event, args)
+        except Exception:  # noqa: BLE001 - an audit hook never fails what it audits (a deleted cwd, a bad name)
+            for reads in list(cls.active):
+                reads.lost = True
+
+    @classmethod
+    def _note(cls, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             path, mode, flags = args
             writes = (flags or 0) & _WRITE_FLAGS if mode is None else any(c in str(mode) for c in "wax+")
@@ -219,6 +228,8 @@ class Snapshot:
         returns the bytes' digests of the files it was read from (None: not kept)."""
         from conveyor.spec.project import Project
 
+        if reads.lost:
+            return None
         root = project.root
         skip = _excluded(root)
         paths = [p for s in project.pipeline.stages.values() for p in [*s.deps, *s.written, s.wdir or "."]
