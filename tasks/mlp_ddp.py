@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.train.ddp import DdpError, Rank, run_ddp, weights_sha256
 from tasks import models
-from tasks.mlp import FitResult, MlpParams, fit_state, restore_fit, snapshot, tensors
+from tasks.mlp import FitResult, MlpParams, adam, fit_state, restore_fit, snapshot, tensors
 
 if TYPE_CHECKING:
     import logging
@@ -116,14 +116,13 @@ def train_rank(rank: Rank, job: DdpJob) -> RankResult:
 
 def _fit(rank: Rank, job: DdpJob, model: torch.nn.Module, wrapped: torch.nn.Module, shard: _Shard) -> FitResult:
     """Adam over the sampler's share, until the global valid loss stalls for ``patience`` epochs."""
-    import torch
     from torch.utils.data import DistributedSampler, TensorDataset
 
     params = job.params
     sampler: DistributedSampler[int] = DistributedSampler(
         TensorDataset(shard.x, shard.y), num_replicas=rank.world_size, rank=rank.rank, seed=job.seed
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
+    optimizer = adam(model, params)
     initial = _global_valid_loss(model, shard)
     fit = FitResult(snapshot(model), 0, 0, initial, initial)
     done = _resumed(rank, job, model, optimizer, fit)

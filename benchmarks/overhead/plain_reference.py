@@ -174,8 +174,8 @@ def train_mlp(splits: Mapping[str, pd.DataFrame], features: list[str], label: st
     sizes = [len(features), *(int(n) for n in params["hidden"]), 1]
     model = build_mlp(sizes)
     train, valid = tensors(splits["train"], features, label), tensors(splits["valid"], features, label)
-    optimizer = torch.optim.Adam(model.parameters(), lr=float(params["learning_rate"]),
-                                 weight_decay=float(params.get("weight_decay", 0.0)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=float(params["learning_rate"]),  # as tasks.mlp.adam
+                                 weight_decay=float(params.get("weight_decay", 0.0)), fused=True)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     initial = best_loss = valid_loss(model, valid, loss_fn)
     best_state = {name: t.detach().clone() for name, t in model.state_dict().items()}
