@@ -23,9 +23,13 @@ what pins it (each measured on that reference pipeline):
 All of them are read when a library loads, so they are an environment: a ``cmd`` stage
 gets it, and a task runs in a process of its own started with it
 (:mod:`conveyor.run.isolated`). What it does not cover: other architectures (ARM is its
-own world), other versions of the libraries (the environment is part of the result), and
+own world), other versions of the libraries (the environment is part of the result),
 GPUs (CUDA kernels differ by GPU model and CUDA build; ``CUBLAS_WORKSPACE_CONFIG`` makes a
-run repeatable on one GPU, not across GPUs).
+run repeatable on one GPU, not across GPUs), and MKL's vector math, which picks its kernel by
+the CPU whatever ``MKL_CBWR`` says (and, on AMD, ``MKL_ENABLE_INSTRUCTIONS``): torch's float32
+``Tensor.sqrt`` and ``pow(x, 0.5)`` on CPU go there, and the per-tensor Adam's step uses it
+(an AVX-512 and an AVX2 machine trained two models under every pin here); the fused Adam
+(``fused=True``) takes the CPU's exact square root instead (docs/explanation/same-bytes.md).
 """
 
 from __future__ import annotations
