@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 from subprocs import marked, wait_until_none
 
-from conveyor.run.commands import Command, CommandTimeout, Finished, run_here, run_on_worker
+from conveyor.run.commands import Command, CommandTimeout, Finished, _exit_notice, run_here, run_on_worker
 from conveyor.run.tree_memory import CommandOverMemory
 
 
@@ -112,6 +113,29 @@ def test_an_interrupt_of_the_waiting_thread_kills_the_command(tmp_path: Path) ->
     thread.join(10)
     assert caught == ["interrupted"]
     assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds here (Linux 5.3+)")
+def test_a_waiting_stage_wakes_when_its_command_exits_not_at_the_end_of_its_step() -> None:
+    """A chain's next stage starts when the command before it ends (``Popen.wait`` with a
+    timeout noticed it up to 50 ms late)."""
+    process = subprocess.Popen(["sleep", "0.1"])
+    with _exit_notice(process.pid) as step:
+        started = time.monotonic()
+        timeout = step(60)
+        waited = time.monotonic() - started
+    assert process.poll() is not None and timeout == 0.0  # it had exited when the step returned
+    assert waited < 30  # long before the 60 s step ended
+
+
+def test_without_pidfds_a_command_is_waited_for_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(pid: int) -> int:
+        raise OSError(errno.ENOSYS, "pidfd_open")  # an old kernel, or a sandbox that refuses it
+
+    monkeypatch.setattr(os, "pidfd_open", refused, raising=False)
+    lines = Lines()
+    assert run_here(command(tmp_path, "echo done; exit 3"), lines).returncode == 3
+    assert lines.of("out") == ["done"]
 
 
 RUNNER = textwrap.dedent("""
