@@ -22,7 +22,7 @@ from benchmarks.compute import (
     torch_ddp,
     xgboost_dask,
 )
-from benchmarks.dvc import dvc_repro, scale, sweep, unshared_disk
+from benchmarks.dvc import dvc_repro, example_get_started, scale, sweep, unshared_disk
 from benchmarks.overhead import chain, edit_run, noop, parallel_branches, reference, search
 from benchmarks.serve import predict_batch, serve_latency
 
@@ -31,7 +31,7 @@ BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, par
                                                           predict_batch, serve_latency, preprocess_pandas,
                                                           xgboost_dask, torch_ddp, memory_cap, deterministic, scale,
                                                           edit_run, search, unshared_disk, gpu_train,
-                                                          checkpoint_resume)}
+                                                          checkpoint_resume, example_get_started)}
 
 
 def _log(line: str) -> None:

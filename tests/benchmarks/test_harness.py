@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from benchmarks.commands import alternating, timed
-from benchmarks.harness import CheckFailed
+from benchmarks.harness import CheckFailed, Config
 from benchmarks.processes import leftovers
 
 needs_hyperfine = pytest.mark.skipif(shutil.which("hyperfine") is None,
@@ -81,3 +81,11 @@ def test_leftovers_finds_and_ends_processes_of_a_prefect_home(tmp_path: Path) ->
     finally:
         stray.kill()
         stray.wait()
+
+
+def test_the_example_get_started_benchmark_names_the_clone_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.dvc import example_get_started
+
+    monkeypatch.delenv(example_get_started.SOURCE, raising=False)
+    with pytest.raises(CheckFailed, match=f"set {example_get_started.SOURCE} to a clone of iterative/example-get"):
+        example_get_started.run(Config(quick=True), lambda line: None)
