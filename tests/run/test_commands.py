@@ -128,6 +128,25 @@ def test_a_waiting_stage_wakes_when_its_command_exits_not_at_the_end_of_its_step
     assert waited < 30  # long before the 60 s step ended
 
 
+def test_a_command_is_waited_for_with_over_a_thousand_descriptors_open(tmp_path: Path) -> None:
+    """A long run holds many descriptors (Dask's sockets, open files): its pidfds pass 1024, which
+    ``select.select`` refuses."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"at most {hard} descriptors here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100) if soft != resource.RLIM_INFINITY else soft, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        assert max(held) >= 1024
+        assert run_here(command(tmp_path, "exit 4"), Lines()).returncode == 4
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_without_pidfds_a_command_is_waited_for_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def refused(pid: int) -> int:
         raise OSError(errno.ENOSYS, "pidfd_open")  # an old kernel, or a sandbox that refuses it

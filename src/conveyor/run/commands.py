@@ -179,9 +179,11 @@ def _exit_notice(pid: int) -> Iterator[Callable[[float], float]]:
     except (AttributeError, OSError):
         yield lambda seconds: seconds
         return
+    exits = select.poll()  # not select.select: a long run's descriptors pass 1024
+    exits.register(fd, select.POLLIN)  # readable once it has exited
 
     def step(seconds: float) -> float:
-        select.select([fd], [], [], seconds)  # readable once it has exited
+        exits.poll(seconds * 1000)
         return 0.0
 
     try:
