@@ -128,7 +128,8 @@ class StageRunner:
             raise given_up
         progress = StageProgress()
         self.view.started(stage, record.where, progress)
-        self._threads[stage] = threading.current_thread()
+        with self._mutex:
+            self._threads[stage] = threading.current_thread()
         try:
             try:
                 self._attempt(stage, resources, progress, record.attempts)
@@ -144,7 +145,9 @@ class StageRunner:
                 self.view.retrying(stage, record.attempts, short_error(exc))
             raise
         finally:
-            self._threads.pop(stage, None)
+            with self._mutex:  # an interrupt sent as the stage ended lands in it or nowhere, not in what follows
+                self._threads.pop(stage, None)
+                raise_in(threading.get_ident(), None)
         return Outcome.SUCCEEDED
 
     def interrupt(self) -> list[str]:
@@ -154,8 +157,9 @@ class StageRunner:
         timeouts do; a task blocked inside a C call stops when that call returns. A command
         stage waits in short steps, so its process group is killed at once.
         """
-        return [stage for stage, thread in list(self._threads.items())
-                if thread.ident is not None and raise_in(thread.ident, KeyboardInterrupt)]
+        with self._mutex:
+            return [stage for stage, thread in self._threads.items()
+                    if thread.ident is not None and raise_in(thread.ident, KeyboardInterrupt)]
 
     def abandon(self, stage: str, why: BaseException | None = None) -> None:
         """Give up on a running stage that did not stop (blocked in a C call) when interrupted or
