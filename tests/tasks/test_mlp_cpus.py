@@ -29,12 +29,9 @@ FIT = """
 import hashlib
 import numpy as np
 import torch
+from conveyor.run.context import StageProgress
 from conveyor.train.seed import deterministic_torch
 from tasks import mlp, models
-
-class Progress:
-    def start(self, *args, **kwargs): pass
-    def advance(self, *args, **kwargs): pass
 
 rng = np.random.default_rng(7)  # the reference's shape: 30 standardised features, a binary label
 x = rng.standard_normal((480, 30)).astype(np.float32)
@@ -44,7 +41,7 @@ params = mlp.MlpParams(hidden=[32, 16], learning_rate=0.001, weight_decay=0.0001
                        max_epochs=6, patience=20)
 with deterministic_torch(20170428):
     model = models.build_mlp([30, 32, 16, 1])
-    fit = mlp.fit(model, train, valid, params, Progress())
+    fit = mlp.fit(model, train, valid, params, StageProgress())
 print(hashlib.sha256(b"".join(t.numpy().tobytes() for t in fit.state.values())).hexdigest())
 """
 
