@@ -9,19 +9,20 @@ The public API, for a project's tasks and flows:
 - libraries for tasks: :mod:`conveyor.ingest` (many sources on a thread pool),
   :mod:`conveyor.train` (xgboost.dask, torch DDP on Dask workers, deterministic seeds).
 
-The flow helpers import Prefect, so they load on first use: a task importing
-``StageContext`` pays for nothing else.
+Every name loads on first use: the flow helpers import Prefect, so a task importing
+``StageContext`` pays for nothing else, and the ``conveyor`` command's entry
+(:mod:`conveyor.cli.warm`, on every run's path) for nothing at all.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from conveyor.run.context import MatrixItem, StageContext, StageProgress
-
+TYPE_CHECKING = False  # not typing's: importing typing alone takes 6 ms of every command's start
 if TYPE_CHECKING:
+    from typing import Any
+
     from conveyor.prefect.flow import pipeline_run_name, run_stages
     from conveyor.prefect.retrain import retrain, retrain_run_name
+    from conveyor.run.context import MatrixItem, StageContext, StageProgress
 
 __all__ = ["MatrixItem", "StageContext", "StageProgress", "__version__", "pipeline_run_name", "retrain",
            "retrain_run_name",
@@ -29,8 +30,10 @@ __all__ = ["MatrixItem", "StageContext", "StageProgress", "__version__", "pipeli
 
 __version__ = "0.1.0"
 
-_LAZY = {"run_stages": "conveyor.prefect.flow", "pipeline_run_name": "conveyor.prefect.flow",
-         "retrain": "conveyor.prefect.retrain", "retrain_run_name": "conveyor.prefect.retrain"}
+_LAZY = {"MatrixItem": "conveyor.run.context", "StageContext": "conveyor.run.context",
+         "StageProgress": "conveyor.run.context", "run_stages": "conveyor.prefect.flow",
+         "pipeline_run_name": "conveyor.prefect.flow", "retrain": "conveyor.prefect.retrain",
+         "retrain_run_name": "conveyor.prefect.retrain"}
 
 
 def __getattr__(name: str) -> Any:
