@@ -134,13 +134,11 @@ def run_here(command: Command, sink: Sink, *, token: str | None = None, budget: 
 
 
 def _start(command: Command) -> subprocess.Popen[bytes]:
-    import json
-
     env = {**user_environ(), **command.env}  # not os.environ: a Dask nanny in this process writes into it
     if command.own_gpu and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"].split(",")[0]  # dask-cuda lists its own first
     return subprocess.Popen(
-        [sys.executable, "-I", str(GUARD), json.dumps(list(command.commands)), json.dumps(list(command.shell))],
+        [sys.executable, "-I", "-S", str(GUARD), str(len(command.shell)), *command.shell, *command.commands],
         cwd=command.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,  # its own group: signals from the terminal go to conveyor, not to it
     )
