@@ -3,10 +3,11 @@
 Started by :mod:`conveyor.run.commands` as ``python -I -S guard.py 2 /bin/sh -c CMD [CMD ...]``
 (the number of words of the shell, the shell, then each command) in a new session, so the
 guard, the shell and everything the commands start share one process group that the runner
-can signal as a whole (a timeout, Ctrl-C). The guard's stdin is a
-pipe whose other end only the runner holds: when the runner dies, even by kill -9, the
-kernel closes it, the guard reads end-of-file and kills the whole group. Commands run one
-after another, as DVC runs a list ``cmd``; the first that fails ends the stage.
+can signal as a whole (a timeout, Ctrl-C). The guard's stdin is a pipe whose other end only
+the runner holds: when the runner dies, even by kill -9, the kernel closes it, and the guard,
+which waits on it and on the command (:func:`_wait`), reads end-of-file and kills the whole
+group. Commands run one after another, as DVC runs a list ``cmd``; the first that fails ends
+the stage.
 
 A process that leaves the group (``setsid server &``, a daemon's double fork: what
 ``mlflow server &`` or ``tensorboard &`` do) is still the guard's: on Linux the guard is a
@@ -20,13 +21,15 @@ Standard library only, and no import of conveyor: every ``cmd`` stage waits for 
 Without ``site`` (``-S``), and without json, subprocess, threading, contextlib or signal (which
 import re, enum, collections, selectors: the signal numbers come from ``_signal``, the module
 under ``signal``), it starts in about 9 ms on 2 cores, 5 of them the interpreter's own start:
-it took 19.
+it took 19. It starts each command with a plain fork and exec, from its only thread, as
+``subprocess`` would; not with ``posix_spawn``, after which glibc leaves its own two real-time
+signals ignored in the command.
 """
 
 from __future__ import annotations
 
-import _thread
 import os
+import select
 import sys
 import time
 
@@ -160,13 +163,8 @@ def _reap_children() -> None:
         pass
 
 
-def _watch_runner() -> None:
-    """Block on stdin until the runner's end closes, then kill this process group and what left it."""
-    try:
-        while os.read(0, 4096):
-            pass
-    except OSError:
-        pass
+def _runner_gone() -> None:
+    """The runner's end of stdin closed: kill this process group and what left it."""
     signal_all(descendants(os.getpid()), signal.SIGKILL)
     os.killpg(0, signal.SIGKILL)
 
@@ -174,25 +172,63 @@ def _watch_runner() -> None:
 def _call(argv: list[str]) -> int:
     """Run ``argv`` as ``subprocess.call(argv, stdin=DEVNULL)`` would: found on PATH, standard
     input from /dev/null, SIGPIPE and SIGXFSZ back to their default (Python ignores them), no
-    descriptor but 0-2 (Python opens its own close-on-exec); its exit status, -N for signal N.
-    Interrupted while waiting, the command is killed, as ``subprocess.call`` kills it."""
-    restored = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)]
-    pid = os.posix_spawnp(argv[0], argv, os.environ,
-                          file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
-                          setsigdef=restored)
+    descriptor but 0-2 (Python opens its own close-on-exec); its exit status, -N for signal N
+    (127 when it cannot be started, as a shell says). Interrupted while waiting, the command is
+    killed, as ``subprocess.call`` kills it."""
+    pid = os.fork()
+    if pid == 0:  # the command's process, until exec
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            for name in ("SIGPIPE", "SIGXFSZ"):
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
+            os.execvp(argv[0], argv)  # noqa: S606  # the stage's shell, as DVC starts it
+        except BaseException as exc:  # noqa: BLE001  # nothing may return into the guard's code
+            os.write(2, f"conveyor: cannot run {argv[0]}: {exc}\n".encode(errors="replace"))
+        finally:
+            os._exit(127)
     try:
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return _wait(pid)
     except BaseException:
         signal_all([pid], signal.SIGKILL)
         os.waitpid(pid, 0)
         raise
 
 
+def _wait(pid: int) -> int:
+    """The exit status of ``pid``, waiting on it (a pidfd; else every 50 ms) and on stdin at once:
+    the runner gone, the group is killed and this never returns."""
+    try:
+        exits: int | None = os.pidfd_open(pid)  # close-on-exec, as every pidfd
+    except (AttributeError, OSError):
+        exits = None
+    waiting = select.poll()
+    waiting.register(0, select.POLLIN)
+    if exits is not None:
+        waiting.register(exits, select.POLLIN)
+    try:
+        while True:
+            for fd, _ in waiting.poll(None if exits is not None else 50):
+                if fd == 0:
+                    try:
+                        if not os.read(0, 4096):
+                            _runner_gone()
+                    except OSError:
+                        _runner_gone()
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+    finally:
+        if exits is not None:
+            os.close(exits)
+
+
 def main(argv: list[str]) -> int:
     words = int(argv[1])
     shell, commands = argv[2:2 + words], argv[2 + words:]
     _become_subreaper()
-    _thread.start_new_thread(_watch_runner, ())  # ends with the guard, as a daemon thread would
     try:
         for command in commands:
             code = _call([*shell, command])
