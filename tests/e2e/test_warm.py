@@ -372,3 +372,24 @@ def test_a_forked_run_is_named_by_the_command_that_asked_for_it_also_under_dvc_r
     assert repro.returncode == 0, output
     served = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
     assert served >= 4  # the run, status is not forked, the refused runs and the exec were
+
+
+def test_a_child_keeps_conveyors_modules_only_while_their_files_are_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept, a forked run saves importing conveyor again; an edit (of an editable install, or an
+    upgrade in place) of any file the runner read makes the child read conveyor from disk anew."""
+    from conveyor.cli import warm_child
+
+    module = tmp_path / "module.py"
+    module.write_text("x = 1\n")
+    monkeypatch.setattr(warm_child, "IMPORTED", {})
+    assert not warm_child._conveyor_unchanged()  # nothing recorded: nothing to keep
+    monkeypatch.setitem(warm_child.IMPORTED, str(module), warm_child._signature(str(module)))
+    assert warm_child._conveyor_unchanged()
+    stat = module.stat()
+    module.write_text("x = 2\n")  # the same size, and its mtime put back: the ctime still moves
+    os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert not warm_child._conveyor_unchanged()
+    monkeypatch.setitem(warm_child.IMPORTED, str(module), warm_child._signature(str(module)))
+    module.unlink()
+    assert not warm_child._conveyor_unchanged()

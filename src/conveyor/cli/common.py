@@ -24,6 +24,14 @@ out = Console()
 err = Console(stderr=True)
 
 
+def consoles_here() -> None:
+    """Both consoles as created in this process: rich reads the terminal, its colours and
+    ``COLUMNS`` as a console is created. For a warm runner's child (:mod:`conveyor.cli.warm_child`),
+    which inherits the consoles of a runner whose output was /dev/null."""
+    Console.__init__(out)
+    Console.__init__(err, stderr=True)
+
+
 def complete_stages(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion of stage names, read from the spec (``-c`` if already typed)."""
     try:

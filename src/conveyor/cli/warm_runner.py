@@ -6,9 +6,9 @@ and not yet listening: it runs by itself and starts no other runner), waits for 
 started it to end (the pipe ``FD`` closes with it: the imports never compete with that run for
 the CPU), imports (:data:`PRELOAD`), and then serves: each connection from a process of the same
 user brings a command line, a working directory, an environment, a umask and three descriptors;
-a forked child takes them as its own (:func:`_become`), drops every conveyor module the runner
-had imported (a child imports conveyor's code as it is on disk now: only the libraries are
-shared) and runs the command; the runner sends the child's pid and then its wait status back.
+a forked child takes them as its own (:func:`_become`), keeps the conveyor modules the runner
+had imported only if their files are unchanged (else it imports conveyor's code as it is on disk
+now) and runs the command; the runner sends the child's pid and then its wait status back.
 
 It forks only from a single thread (checked after the imports): nothing is locked in a child.
 A child dies with the runner (``PR_SET_PDEATHSIG``) and is killed when its client goes (kill
@@ -40,7 +40,7 @@ from types import FrameType
 from typing import Any
 
 from conveyor.cli.warm import EVENT, HEADER, address, idle_s
-from conveyor.cli.warm_child import SETTINGS_READ, child, settings_sources
+from conveyor.cli.warm_child import SETTINGS_READ, child, record_imported, settings_sources
 from conveyor.prefect.kept import prefect_home
 
 MAX_RUNNERS = 4
@@ -168,6 +168,7 @@ def _preload() -> None:
         except Exception:  # noqa: BLE001  # a library missing or broken: the child imports (and fails on) it itself
             traceback.print_exc()
     SETTINGS_READ[:] = [settings_sources(Path.cwd())]
+    record_imported()
 
 
 def _write_state(state: Path, started: float, idle: float, served: int) -> None:
