@@ -168,6 +168,11 @@ def _preload() -> None:
         except Exception:  # noqa: BLE001  # a library missing or broken: the child imports (and fails on) it itself
             traceback.print_exc()
     SETTINGS_READ[:] = [settings_sources(Path.cwd())]
+    from conveyor.run.environment import provided
+
+    for entry in sys.path:  # which distribution provides which package: each run's record names them
+        if entry and os.path.isdir(entry):
+            provided(Path(entry))
     record_imported()
 
 

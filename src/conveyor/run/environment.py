@@ -138,8 +138,8 @@ def _distributions(top: str) -> list[str]:
 
     ``importlib.metadata.packages_distributions()`` reads every distribution's file list (0.2 s
     here): too slow for ``status``. A distribution named as the package is taken at once;
-    otherwise the ``*.dist-info`` folders beside the package are read, those whose name holds
-    the package's first (``xgboost_cpu``), and a file list only where no ``top_level.txt`` says.
+    otherwise those of the ``*.dist-info`` folders beside the package that provide it
+    (:func:`provided`), those whose name holds the package's first (``xgboost_cpu``).
     """
     if _version(top) is not None:
         return [top]
@@ -148,19 +148,29 @@ def _distributions(top: str) -> list[str]:
         return []
     origin = Path(spec.origin)
     folder = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-    infos = sorted(folder.glob("*.dist-info"), key=lambda p: top.lower() not in p.name.lower())
-    found: list[str] = []
-    for info in infos:
+    infos = sorted(provided(folder).get(top, []), key=lambda p: top.lower() not in p.name.lower())
+    return [_dist_name(info) for info in infos]
+
+
+@functools.cache
+def provided(folder: Path) -> dict[str, list[Path]]:
+    """Top-level package -> the ``*.dist-info`` folders in ``folder`` that provide it: as their
+    ``top_level.txt`` says, else their file list (``top/...``, ``top.py``, ``top.cpython-*.so``).
+    Read once per process and folder (30 ms for 200 distributions); a warm runner reads those of
+    its ``sys.path`` before it forks (:mod:`conveyor.cli.warm_runner`): an install changes the
+    folder's mtime, and with it the runner."""
+    found: dict[str, list[Path]] = {}
+    for info in sorted(folder.glob("*.dist-info")):
         names = info / "top_level.txt"
         if names.is_file():
-            provides = top in names.read_text(encoding="utf-8", errors="replace").split()
+            tops = set(names.read_text(encoding="utf-8", errors="replace").split())
         else:
             record = info / "RECORD"
-            provides = record.is_file() and any(line.startswith((f"{top}/", f"{top}.py", f"{top}."))
-                                                 for line in record.read_text(encoding="utf-8", errors="replace")
-                                                 .splitlines())
-        if provides:
-            found.append(_dist_name(info))
+            lines = record.read_text(encoding="utf-8", errors="replace").splitlines() if record.is_file() else []
+            tops = {line.split("/")[0].partition(".")[0] for line in lines if "/" in line.split(",")[0]
+                    or "." in line.split(",")[0]}
+        for top in sorted(top for top in tops if top.isidentifier()):  # not the dist-info folder's own
+            found.setdefault(top, []).append(info)
     return found
 
 
