@@ -4,8 +4,8 @@ A run that forces one trivial stage spent most of its time importing Prefect (0.
 their dependencies (1 s of a 1.6 s run on 2 cores), while ``dvc repro -s -f`` takes 0.5 s in
 all. So the first ``conveyor run`` or ``exec`` also starts a **warm runner**
 (:mod:`conveyor.cli.warm_runner`): a process that has imported those libraries once and forks a
-child for each later run of the same environment, which imports only conveyor and goes straight
-to the pipeline. What a run does is unchanged: the child is given this process's arguments,
+child for each later run of the same environment, which goes straight to the pipeline (importing
+conveyor anew only if its files changed since the runner imported them). What a run does is unchanged: the child is given this process's arguments,
 working directory, environment, umask and its standard input, output and error themselves (the
 descriptors, passed over a Unix socket), so terminals, pipes and redirections behave as they
 would here. This process stays as the run's stand-in: it forwards Ctrl-C, ``kill``, a closed
