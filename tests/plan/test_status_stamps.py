@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,12 @@ def test_any_change_is_dvcs_to_judge(repo: Path, dvc_asked: list[str], change: s
 
 def test_what_was_written_in_the_instant_of_the_check_is_not_kept(repo: Path, dvc_asked: list[str]) -> None:
     ask(repo)
-    (repo / "report.txt").write_text((repo / "report.txt").read_text())  # same bytes, mtime now
+    report = repo / "report.txt"
+    report.write_text(report.read_text())  # the same bytes
+    # its mtime in the instant of the checks below, however long they take on a loaded machine
+    # (written now, it was not: a check 50 ms later, FINE_S, could prove it unchanged)
+    soon = time.time() + 20
+    os.utime(report, (soon, soon))
     assert ask(repo) == {"prepare": [], "report": []}
     assert dvc_asked.count("report") == 2
     ask(repo)
