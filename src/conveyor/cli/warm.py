@@ -5,13 +5,14 @@ their dependencies (1 s of a 1.6 s run on 2 cores), while ``dvc repro -s -f`` ta
 all. So the first ``conveyor run`` or ``exec`` also starts a **warm runner**
 (:mod:`conveyor.cli.warm_runner`): a process that has imported those libraries once and forks a
 child for each later run of the same environment, which goes straight to the pipeline (importing
-conveyor anew only if its files changed since the runner imported them). What a run does is unchanged: the child is given this process's arguments,
-working directory, environment, umask and its standard input, output and error themselves (the
-descriptors, passed over a Unix socket), so terminals, pipes and redirections behave as they
-would here. This process stays as the run's stand-in: it forwards Ctrl-C, ``kill``, a closed
-terminal (SIGHUP), Ctrl-Z and a resized window to the child, and exits with the child's code
-(or dies of the child's signal). Killed itself, even by ``kill -9``, its child is killed at once
-(SIGKILL, as the run would have been).
+conveyor anew only if its files changed since the runner imported them). What a run does is
+unchanged: the child is given this process's arguments, working directory, environment, umask
+and its standard input, output and error themselves (the descriptors, passed over a Unix
+socket), so terminals, pipes and redirections behave as they would here. This process stays
+as the run's stand-in: it forwards Ctrl-C, ``kill``, a closed terminal (SIGHUP), Ctrl-Z and a
+resized window to the child, and exits with the child's code (or dies of the child's signal).
+Killed itself, even by ``kill -9``, its child is killed at once (SIGKILL, as the run would have
+been).
 
 A runner serves only runs that a fresh process would run exactly as it does: the same Python,
 ``sys.path``, flags, user, groups, CPU set, resource limits, namespaces and cgroup, the same
