@@ -38,6 +38,6 @@ def test_a_distribution_without_top_level_txt_is_read_from_its_file_list(
         assert environment.packages([code]) == {"other-dist": "2.0"}
         assert environment.provided(site) == {"odd_name": [site / "other_dist-2.0.dist-info"],
                                               "single": [site / "other_dist-2.0.dist-info"]}
-    finally:
-        environment._distributions.cache_clear()
-        environment.provided.cache_clear()
+    finally:  # what this test's site made these caches hold, gone with it
+        for cached in (environment._distributions, environment.provided, environment._version):
+            cached.cache_clear()
