@@ -62,15 +62,11 @@ def _conveyor_unchanged() -> bool:
 
 
 def settings_sources(here: Path) -> tuple[object, bool]:
-    """The profiles file's (mtime, size, inode), and whether ``here`` holds a file Prefect reads
+    """The profiles file's signature (:func:`_signature`), and whether ``here`` holds a file Prefect reads
     settings from (prefect.toml, .env, a pyproject.toml with a [tool.prefect] table)."""
     from conveyor.prefect.kept import prefect_home
 
-    try:
-        st = Path(os.environ.get("PREFECT_PROFILES_PATH") or prefect_home() / "profiles.toml").stat()
-        profiles: object = (st.st_mtime_ns, st.st_size, st.st_ino)
-    except OSError:
-        profiles = None
+    profiles = _signature(os.environ.get("PREFECT_PROFILES_PATH") or str(prefect_home() / "profiles.toml"))
     local = (here / "prefect.toml").exists() or (here / ".env").exists()
     if not local:
         with contextlib.suppress(OSError):

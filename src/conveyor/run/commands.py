@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from conveyor.errors import StageError, plain
-from conveyor.run.guard import descendants, signal_all
+from conveyor.run.guard import descendants, pidfd, signal_all
 from conveyor.run.nanny_env import user_environ
 from conveyor.run.tree_memory import CommandOverMemory, MemoryBudget, tree_rss, worker_budget
 
@@ -172,9 +172,8 @@ def _exit_notice(pid: int) -> Iterator[Callable[[float], float]]:
     """``step(seconds)``: waits up to ``seconds`` for ``pid`` (a child not yet reaped) to exit and
     returns the timeout for the ``Popen.wait`` that follows: 0, the pidfd did the waiting. Without
     a pidfd (not Linux 5.3+, or refused) it returns ``seconds`` at once: ``Popen.wait`` waits."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
+    fd = pidfd(pid)
+    if fd is None:
         yield lambda seconds: seconds
         return
     exits = select.poll()  # not select.select: a long run's descriptors pass 1024

@@ -167,8 +167,8 @@ def provided(folder: Path) -> dict[str, list[Path]]:
         else:
             record = info / "RECORD"
             lines = record.read_text(encoding="utf-8", errors="replace").splitlines() if record.is_file() else []
-            tops = {line.split("/")[0].partition(".")[0] for line in lines if "/" in line.split(",")[0]
-                    or "." in line.split(",")[0]}
+            paths = [line.partition(",")[0] for line in lines]
+            tops = {path.split("/")[0].partition(".")[0] for path in paths if "/" in path or "." in path}
         for top in sorted(top for top in tops if top.isidentifier()):  # not the dist-info folder's own
             found.setdefault(top, []).append(info)
     return found

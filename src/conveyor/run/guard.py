@@ -163,6 +163,15 @@ def _reap_children() -> None:
         pass
 
 
+def pidfd(pid: int) -> int | None:
+    """A descriptor of child ``pid`` that polls readable once it has exited (close-on-exec, as
+    every pidfd); None where Linux offers none (before 5.3, or refused)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _runner_gone() -> None:
     """The runner's end of stdin closed: kill this process group and what left it."""
     signal_all(descendants(os.getpid()), signal.SIGKILL)
@@ -200,10 +209,7 @@ def _call(argv: list[str]) -> int:
 def _wait(pid: int) -> int:
     """The exit status of ``pid``, waiting on it (a pidfd; else every 50 ms) and on stdin at once:
     the runner gone, the group is killed and this never returns."""
-    try:
-        exits: int | None = os.pidfd_open(pid)  # close-on-exec, as every pidfd
-    except (AttributeError, OSError):
-        exits = None
+    exits = pidfd(pid)
     waiting = select.poll()
     waiting.register(0, select.POLLIN)
     if exits is not None:
