@@ -1,26 +1,15 @@
 """sweep: a 4-item matrix, `conveyor run` vs `dvc repro` of the dvc.yaml compiled from it.
 
-The sweep a user writes in conveyor's spec, one item per Dask worker::
-
-    fit:
-      cmd: python fit.py ${item.model} ${item.depth} out/${key}.json
-      on: cpu                        # dask: 2 workers, 1 thread each
-      matrix: {model: [lin, tree], depth: [2, 4]}
-
-Each item is real CPU work: ``fit.py`` fits a least-squares model by gradient descent in
-pure Python for a fixed number of steps (the same count on both sides: about 9 s of one
-core each, 1 s with ``--quick``), then writes its loss. `conveyor compile` writes the DVC
-``matrix:`` stage that `dvc repro` runs, one item after another; `conveyor run` runs the
-items at once, one per worker. Both sides are forced (``--force`` / ``-f``) in one
-project, alternating, so they do the same work from the same state; after every run
-`dvc status` must be clean and the items' outs the same. The bound on the ratio is the
-number of cores the items get (2 here), less conveyor's fixed costs (start-up, the
-workers' start), which weigh less the longer the items run.
+The spec's ``fit`` stage is a ``matrix: {model: [lin, tree], depth: [2, 4]}`` of ``cmd`` items ``on`` a dask
+profile of 2 single-threaded workers; each item fits a least-squares model by gradient descent in pure
+Python for a fixed number of steps (about 9 s of a core; 1 s with ``--quick``). `conveyor compile` writes
+the DVC ``matrix:`` stage `dvc repro` runs an item after another; `conveyor run` runs one per worker. Both
+sides are forced in one project, alternating; after every run `dvc status` is clean and the items' outs are
+the warm-up's byte for byte. The bound on the ratio is the cores the items get, less conveyor's fixed costs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -28,19 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.dvc import dvc_status
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import cli, make_repo, run_record, server_env, timed_cli
+from benchmarks.projects import check_record, cli, make_repo, run_record, server_env, timed_cli
 
 NAME = "sweep"
 DESCRIPTION = "a 4-item matrix of CPU-bound commands: conveyor run (one item per Dask worker) vs dvc repro"
 ITEMS = ["fit@lin-2", "fit@lin-4", "fit@tree-2", "fit@tree-4"]
-UP_TO_DATE = "Data and pipelines are up to date."
-
 FIT = '''\
-"""Fit y = a*x + b by gradient descent in pure Python (CPU work of a known size)."""
 import json, random, sys
-
 model, depth, out, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 rng = random.Random(f"{model}-{depth}")
 xs = [rng.random() for _ in range(200)]
@@ -57,7 +43,6 @@ for _ in range(steps):
 loss = sum((a * x + b - y) ** 2 for x, y in zip(xs, ys)) / len(xs)
 json.dump({"loss": round(loss, 6), "a": round(a, 4), "b": round(b, 4)}, open(out, "w"))
 '''
-
 SPEC = """\
 pipeline: sweep
 profiles:
@@ -66,17 +51,11 @@ stages:
   fit:
     cmd: python fit.py ${{item.model}} ${{item.depth}} out/${{key}}.json {steps}
     on: cpu
-    matrix:
-      model: [lin, tree]
-      depth: [2, 4]
+    matrix: {{model: [lin, tree], depth: [2, 4]}}
     deps: [fit.py]
     metrics:
       - out/${{key}}.json
 """
-
-
-def _outs(root: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted((root / "out").glob("*.json"))}
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
@@ -84,6 +63,10 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     repeats = config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-sweep-"))
     root = scratch / "project"
+
+    def outs() -> dict[str, str]:
+        return {p.name: p.read_text() for p in sorted((root / "out").glob("*.json"))}
+
     try:
         make_repo(root, {"fit.py": FIT, "configs/pipeline.yaml": SPEC.format(steps=steps),
                          "pyproject.toml": "[project]\nname = 'sweep'\n", "out/.keep": ""}, dvc=True)
@@ -92,30 +75,26 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             cli(["conveyor", "compile"], root, env)
             log(f"{NAME}: warm-up: one conveyor run (not counted)")
             cli(["conveyor", "run"], root, env)
-            reference = _outs(root)
+            reference = outs()
             check(len(reference) == len(ITEMS), f"the warm-up wrote {sorted(reference)}, not {len(ITEMS)} outs")
 
             def side(args: list[str]) -> Callable[[int], tuple[float, dict[str, Any]]]:
                 def once(_i: int) -> tuple[float, dict[str, Any]]:
                     seconds = timed_cli(args, root, env).seconds
-                    check(UP_TO_DATE in cli(["dvc", "status"], root, env).stdout,
-                          f"`dvc status` is not clean after `{' '.join(args)}`")
-                    check(_outs(root) == reference, f"`{' '.join(args)}` wrote other outs than the warm-up")
-                    return seconds, run_record(root) if args[0] == "conveyor" else {}
+                    dvc_status(root, env, f"after `{' '.join(args)}`")
+                    check(outs() == reference, f"`{' '.join(args)}` wrote other outs than the warm-up")
+                    if args[0] != "conveyor":
+                        return seconds, {}
+                    record = run_record(root)
+                    check_record(record, ITEMS, "succeeded", "conveyor run --force")
+                    return seconds, record
                 return once
 
             log(f"{NAME}: {repeats} interleaved repetitions")
-            base, cand = interleaved(repeats, side(["dvc", "repro", "-f"]), side(["conveyor", "run", "--force"]),
-                                     log)
+            base, cand = interleaved(repeats, side(["dvc", "repro", "-f"]), side(["conveyor", "run", "--force"]), log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    records = [r for _, r in cand]
-    for record in records:
-        stages = record["stages"]
-        check(sorted(stages) == ITEMS and all(s["status"] == "succeeded" for s in stages.values()),
-              f"conveyor's record does not say the 4 items ran: { {n: s['status'] for n, s in stages.items()} }")
-    item_s = median([float(s["duration_s"]) for r in records for s in r["stages"].values()])
-    flow_s = median([float(r["wall_s"]) for r in records])
+    item_s = median([float(s["duration_s"]) for _, r in cand for s in r["stages"].values()])
     wall = Metric("wall of the command (s)", [s for s, _ in base], [s for s, _ in cand])
     return Result(
         name=NAME, description=DESCRIPTION,
@@ -126,11 +105,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                "cores": str(os.cpu_count())},
         checks=["every run exited 0, `dvc status` was clean after it and it wrote the warm-up's 4 outs byte for byte",
                 "conveyor's run record: the 4 items succeeded"],
-        notes=[f"an item took a median {item_s:.2f} s in conveyor's record (from its start to its end, waiting "
-               "for a free worker included)",
-               f"conveyor's flow (its record's wall_s: from the first stage to the last) took a median {flow_s:.2f} s; "
-               "the rest of its wall is start-up and shut-down: the interpreter, imports, loading the spec and "
-               "DVC's status, starting the 2-worker LocalCluster, the flow run, stopping the cluster",
-               f"dvc repro median {median(wall.baseline):.2f} s, conveyor median {median(wall.candidate):.2f} s",
-               f"outs: {json.dumps(reference)[:200]}"],
+        notes=[f"an item took a median {item_s:.2f} s in conveyor's record (waiting for a free worker included); "
+               f"conveyor's flow (its record's wall_s) a median {median([float(r['wall_s']) for _, r in cand]):.2f} s, "
+               "the rest of its wall is start-up and shut-down (imports, the spec, DVC's status, the cluster)"],
     )
