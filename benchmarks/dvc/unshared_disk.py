@@ -163,5 +163,5 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                    *shares) + f" (goal <= {GOAL}: {met(shares[0] <= GOAL)} emptied, {met(shares[1] <= GOAL)} there, "
                f"{met(shares[2] <= GOAL)} hardlinked)",
                f"median stage walls: local {median(metrics[0].baseline):.2f} s, through the remote "
-               + ", ".join(f"{median(m.candidate):.2f} s ({k})" for m, k in zip(metrics, ROWS.values(), strict=True))],
+               + ", ".join(f"{median(m.candidate):.2f} s ({k})" for m, k in zip(metrics, ROWS.values(), strict=False))],
     )
