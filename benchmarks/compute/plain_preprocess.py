@@ -1,16 +1,8 @@
-"""The peer of the preprocess stage a user would write: the same steps in one pandas process.
+"""The peer of the preprocess stage a user would write: its steps in one pandas process, no dask, no conveyor.
 
-``python benchmarks/compute/plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``:
-read every parquet part under RAW into one pandas frame, then do what
-``tasks.preprocess:prepare`` does with dask.dataframe (clean, exact stratified hash split,
-train statistics, standardise) with the task's own per-partition helpers applied to the
-whole frame, so the rows are the task's rows; write ``OUT/{train,valid,test}/part-00000.parquet``
-and ``OUT/stats.json`` (``tasks.preprocess._summary``). No dask, no conveyor.
-
-It prints one JSON line: ``seconds`` (the work, from the first read to stats.json written;
-not the interpreter's start nor the imports), ``imports`` (seconds of the imports) and
-``forbidden`` (which of dask, distributed, conveyor, prefect the process had imported:
-none, by design).
+``plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``: every parquet part under RAW
+in one frame, ``tasks.preprocess``'s own helpers on it, ``OUT/{train,valid,test}/part-00000.parquet`` and
+``OUT/stats.json`` written; one JSON line: ``seconds`` (first read to stats.json), ``imports``, ``forbidden``.
 """
 
 from __future__ import annotations
@@ -19,9 +11,8 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 STARTED = time.perf_counter()
 
@@ -41,14 +32,9 @@ from tasks.moments import ColumnStats, Moments  # noqa: E402
 
 IMPORTED = time.perf_counter()
 FORBIDDEN = ("dask", "distributed", "conveyor", "prefect")
-PART = "part-00000.parquet"
 
 
-@dataclass(frozen=True)
-class Split:
-    """One frame split and standardised: its rows (features standardised), each row's split
-    code (index in ``SPLITS``), the train statistics, the rows per (split, class)."""
-
+class Split(NamedTuple):  # a frame split and standardised: rows, split codes, train statistics, rows per split/class
     rows: pa.Table
     codes: npt.NDArray[np.int8]
     stats: ColumnStats
@@ -56,9 +42,7 @@ class Split:
 
 
 def split_frame(frame: pd.DataFrame, *, label: str, seed: int, fractions: splitting.Fractions, source: str) -> Split:
-    """The preprocess stage's steps on one cleaned pandas frame, each once: the split keys, their
-    histogram and the keys at the cut points (the exact stratified split), the train
-    statistics, the standardised rows."""
+    """The stage's steps on one cleaned frame, each once: exact stratified split, train statistics, standardising."""
     features = [column for column in frame.columns if column != label]
     keys = splitting.split_keys(frame, seed)
     histogram = splitting.key_histogram(frame[label].to_numpy(), keys)
@@ -67,8 +51,8 @@ def split_frame(frame: pd.DataFrame, *, label: str, seed: int, fractions: splitt
     limits = splitting.thresholds(cuts, frame[label].to_numpy(), keys, splitting.key_bins(keys))
     codes = splitting.split_codes(frame[label], keys, limits)
     stats = Moments.of(frame.loc[codes == splitting.TRAIN, features].to_numpy(np.float64)).stats(features)
-    return Split(rows=prep.standardised_table(frame, features, stats.mean, stats.std), codes=codes, stats=stats,
-                 class_counts=splitting.class_counts(codes, frame[label]))
+    return Split(prep.standardised_table(frame, features, stats.mean, stats.std), codes, stats,
+                 splitting.class_counts(codes, frame[label]))
 
 
 def preprocess(raw: Path, out: Path, *, label: str = "target", valid: float = 0.15, test: float = 0.2,
@@ -80,7 +64,7 @@ def preprocess(raw: Path, out: Path, *, label: str = "target", valid: float = 0.
     split = split_frame(frame, label=label, seed=seed, fractions=fractions, source=str(raw))
     for name in splitting.SPLITS:
         (out / name).mkdir(parents=True, exist_ok=True)
-    prep.write_split_parts(split.rows, split.codes, out, PART, label)
+    prep.write_split_parts(split.rows, split.codes, out, "part-00000.parquet", label)
     features = [column for column in frame.columns if column != label]
     summary = prep._summary(label, features, seed, fractions, split.stats, split.class_counts)
     write_json(out / "stats.json", summary)
@@ -91,15 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="plain_preprocess.py", description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--label", default="target")
-    parser.add_argument("--valid", type=float, default=0.15)
-    parser.add_argument("--test", type=float, default=0.2)
-    parser.add_argument("--seed", type=int, default=42)
+    for flag, default in (("--label", "target"), ("--valid", 0.15), ("--test", 0.2), ("--seed", 42)):
+        parser.add_argument(flag, type=type(default), default=default)
     args = parser.parse_args(argv)
-    began = time.perf_counter()
-    summary = preprocess(args.raw, args.out, label=args.label, valid=args.valid, test=args.test, seed=args.seed)
-    seconds = time.perf_counter() - began
-    print(json.dumps({"seconds": seconds, "imports": IMPORTED - STARTED, "rows": summary["rows"],
+    seconds, summary = time.perf_counter(), preprocess(args.raw, args.out, label=args.label, valid=args.valid,
+                                                      test=args.test, seed=args.seed)
+    print(json.dumps({"seconds": time.perf_counter() - seconds, "imports": IMPORTED - STARTED, "rows": summary["rows"],
                       "forbidden": sorted(m for m in FORBIDDEN if m in sys.modules)}), flush=True)
     return 0
 

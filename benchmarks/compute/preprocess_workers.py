@@ -1,14 +1,15 @@
 """preprocess-workers: ``tasks.preprocess:prepare`` on a Dask LocalCluster of 1 worker vs 2.
 
-Synthetic HIGGS-shaped parquet parts (``conveyor.ingest.synthetic``, as ``configs/scale.yaml``
-ingests them) are generated once; then ``prepare`` (clean, exact stratified split,
-train statistics, standardise, write the three splits) runs against two LocalClusters
-started beforehand (not measured): 1 worker process and 2 worker processes, one thread
-each, as the ``cpu`` profile would be with ``n_workers: 1`` or ``2``.
+Synthetic HIGGS-shaped parquet parts (as ``configs/scale.yaml`` ingests them), ``prepare`` interleaved on
+two LocalClusters started beforehand (1 and 2 one-thread workers, the ``cpu`` profile's ``worker_env``).
+The control row, 8 pure-Python tasks on the same clusters after each prepare, is the parallel CPU the
+machine gave 2 workers over 1 then (2.00 idle). Checked: every run wrote the first run's splits
+(content hash) and stats.json (means/stds to 1e-12 relative).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -32,10 +33,10 @@ if TYPE_CHECKING:
 NAME = "preprocess-workers"
 DESCRIPTION = "preprocess (dask.dataframe) of synthetic HIGGS-shaped data on a LocalCluster"
 PARAMS: dict[str, Any] = {"preprocess": {"label": "target", "valid_fraction": 0.15, "test_fraction": 0.2}, "seed": 42}
-BASELINE_WORKERS = 1
-CANDIDATE_WORKERS = 2
+WORKERS = (1, 2)  # the baseline's and the candidate's
 BURN_TASKS, BURN_N = 8, 1_500_000  # the control: 8 independent tasks of ~0.15 s each on an idle core
 WARM_UP_ROWS = 20_000
+SPLITS = ("train", "valid", "test")
 
 
 def preprocess_context(root: Path, raw: Path, out: Path, client: Client | None = None,
@@ -65,17 +66,18 @@ def cpu_worker_env() -> dict[str, Any] | None:
     return profile.get("worker_env")
 
 
-def start_cluster(workers: int, stack: ExitStack, worker_env: Mapping[str, Any] | None = None) -> Client:
-    """A LocalCluster of ``workers`` one-thread worker processes, their environment Dask's with
-    ``worker_env`` over it, as a dask profile starts it (``conveyor.run.nanny_env``)."""
+def start_cluster(workers: int, stack: ExitStack, worker_env: Mapping[str, Any] | None = None,
+                  **options: Any) -> Client:
+    """``workers`` one-thread worker processes in Dask's environment with ``worker_env`` over it, as a profile."""
     from distributed import Client, LocalCluster
 
     from conveyor.run.nanny_env import undo_nanny_environ, worker_environ
 
+    options = {"memory_limit": "6GiB", "silence_logs": logging.ERROR, **options}
     with worker_environ(worker_env), undo_nanny_environ():
-        cluster = stack.enter_context(LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, memory_limit="6GiB", host="127.0.0.1",
-            dashboard_address=":0", scheduler_kwargs={"dashboard": False}, silence_logs=logging.ERROR))
+        cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                   host="127.0.0.1", dashboard_address=":0",
+                                                   scheduler_kwargs={"dashboard": False}, **options))
     client: Client = stack.enter_context(Client(cluster, set_as_default=False))
     client.wait_for_workers(workers, timeout=120)
     return client
@@ -89,6 +91,23 @@ def warm_imports() -> None:
     import tasks.preprocess  # noqa: F401
 
 
+def prepare_timed(report: dict[str, Any], root: Path, raw: Path, out: Path, client: Client | None = None,
+                  n_workers: int = 1) -> None:
+    """``prepare`` once, ``client`` current: ``report``'s ``seconds`` and ``messages`` (what it logged)."""
+    from tasks.preprocess import prepare
+
+    said = io.StringIO()
+    handler, logger = logging.StreamHandler(said), logging.getLogger("benchmarks.preprocess")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        with current(client):
+            report["seconds"], _ = timed(lambda: prepare(preprocess_context(root, raw, out, client, n_workers)))
+    finally:
+        logger.removeHandler(handler)
+        report["messages"] = said.getvalue().splitlines()
+
+
 def burn(n: int) -> int:
     """Pure-Python CPU work that holds the GIL: the control task, parallel only across processes."""
     total = 0
@@ -97,133 +116,85 @@ def burn(n: int) -> int:
     return total
 
 
-def compute_seconds(records: list[dict[str, Any]]) -> float:
-    """Seconds the workers spent computing tasks, summed, from a distributed task stream."""
-    return sum(float(span["stop"] - span["start"]) for record in records for span in record.get("startstops", ())
-               if span.get("action") == "compute")
-
-
-def _same_stats(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Equal rows and class counts, and means/stds equal to 1e-12 relative."""
-    if {k: v for k, v in a.items() if k not in ("mean", "std")} != {k: v for k, v in b.items()
-                                                                   if k not in ("mean", "std")}:
-        return False
-    return all(math.isclose(a[key][f], b[key][f], rel_tol=1e-12, abs_tol=1e-15) for key in ("mean", "std")
-               for f in a[key])
+def _close(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal but for means/stds, which are equal to 1e-12 relative."""
+    return {**a, "mean": b["mean"], "std": b["std"]} == b and all(
+        math.isclose(a[k][f], b[k][f], rel_tol=1e-12, abs_tol=1e-15) for k in ("mean", "std") for f in a[k])
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
+    from distributed import get_task_stream
+
     rows, shards = (100_000, 4) if config.quick else (1_000_000, 16)
     repeats = config.reps(full=4, quick=1)
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-preprocess-"))
-    raw = root / "data" / "raw"
-    warm_raw = root / "warm-up" / "raw"
-    wall = Metric("wall time of prepare (s)")
-    rate = Metric("rows/s", ratio="candidate/baseline", digits=0)
-    busy = Metric("worker compute time, summed over tasks (s)")
-    control = Metric(f"control: {BURN_TASKS} independent CPU tasks (s)")
+    raw, warm_raw = root / "data" / "raw", root / "warm-up" / "raw"
     reference: dict[str, Any] = {}
-    identical_stats = [True]
-    runs = [0]
+    exact = [True]
     try:
         log(f"{NAME}: generating {rows:,} synthetic rows in {shards} parts")
         generate(raw, rows, shards)
-        if not config.quick:
-            generate(warm_raw, WARM_UP_ROWS, 2)
         with ExitStack() as stack:
-            log(f"{NAME}: starting LocalClusters of {BASELINE_WORKERS} and {CANDIDATE_WORKERS} workers")
-            clients = {n: start_cluster(n, stack, cpu_worker_env()) for n in (BASELINE_WORKERS, CANDIDATE_WORKERS)}
+            clients = {n: start_cluster(n, stack, cpu_worker_env()) for n in WORKERS}
+            burned = burn(BURN_N)
 
-            burn_expected = burn(BURN_N)
-
-            def burn_all(workers: int) -> float:
-                """The control: how much parallel CPU the machine gives 1 and 2 workers right now."""
-                client = clients[workers]
-                seconds, totals = timed(lambda: client.gather(client.map(burn, [BURN_N] * BURN_TASKS, pure=False)))
-                check(totals == [burn_expected] * BURN_TASKS, f"{workers} worker(s): the control tasks returned "
-                                                              f"{totals}")
-                return seconds
-
-            def prepare(workers: int, *, warm_up: bool = False) -> tuple[float, float]:
-                from distributed import get_task_stream
-
-                from tasks.preprocess import prepare as preprocess_prepare
-
-                runs[0] += 1
-                out = root / f"run-{runs[0]:03d}" / "data" / "processed"
-                client = clients[workers]
-                ctx = preprocess_context(root, warm_raw if warm_up else raw, out, client, workers)
-                with current(client), get_task_stream(client=client) as stream:
-                    seconds, _ = timed(lambda: preprocess_prepare(ctx))
-                computing = compute_seconds(stream.data)
-                if warm_up:
-                    shutil.rmtree(out.parent.parent)
-                    return seconds, computing
-                stats = json.loads((out / "stats.json").read_text())
-                splits = {split: digest(read_parts(out / split)) for split in ("train", "valid", "test")}
-                check(sum(stats["rows"].values()) == rows, f"{workers} worker(s): split rows {stats['rows']} do not "
-                                                           f"add up to {rows}")
-                if not reference:
-                    reference.update(stats=stats, splits=splits)
-                check(splits == reference["splits"], f"{workers} worker(s): the written splits differ from the first "
-                                                     f"run's: {splits} vs {reference['splits']}")
-                check(_same_stats(stats, reference["stats"]), f"{workers} worker(s): stats.json differs from the "
-                                                              "first run's")
-                identical_stats[0] &= stats == reference["stats"]
-                shutil.rmtree(out.parent.parent)
-                return seconds, computing
-
-            def side(workers: int) -> tuple[float, float, float]:
-                return *prepare(workers), burn_all(workers)
+            def side(workers: int, src: Path = raw) -> tuple[float, float, float]:
+                """prepare's wall, the workers' compute seconds, the control's wall."""
+                client, out = clients[workers], root / "run" / "processed"
+                report: dict[str, Any] = {}
+                with get_task_stream(client=client) as stream:
+                    prepare_timed(report, root, src, out, client, workers)
+                computing = sum(float(s["stop"] - s["start"]) for r in stream.data for s in r.get("startstops", ())
+                                if s.get("action") == "compute")
+                if src == raw:
+                    stats = json.loads((out / "stats.json").read_text())
+                    splits = {split: digest(read_parts(out / split)) for split in SPLITS}
+                    check(sum(stats["rows"].values()) == rows, f"{workers} worker(s): split rows {stats['rows']}")
+                    if not reference:
+                        reference.update(stats=stats, splits=splits)
+                    check(splits == reference["splits"], f"{workers} worker(s): other splits than the first run's")
+                    check(_close(stats, reference["stats"]), f"{workers} worker(s): stats.json not the first run's")
+                    exact[0] &= stats == reference["stats"]
+                shutil.rmtree(out.parent)
+                control, totals = timed(lambda: client.gather(client.map(burn, [BURN_N] * BURN_TASKS, pure=False)))
+                check(totals == [burned] * BURN_TASKS, f"{workers} worker(s): the control tasks returned {totals}")
+                return report["seconds"], computing, control
 
             if config.quick:
-                log(f"{NAME}: warm-up (imports in the workers)")
                 for client in clients.values():
                     client.run(warm_imports)
-                warm_imports()
             else:
-                log(f"{NAME}: warm-up (one run each on {WARM_UP_ROWS:,} rows, not counted)")
-                prepare(BASELINE_WORKERS, warm_up=True)
-                prepare(CANDIDATE_WORKERS, warm_up=True)
-            log(f"{NAME}: {repeats} interleaved repetitions")
-            base, cand = interleaved(repeats, lambda _i: side(BASELINE_WORKERS), lambda _i: side(CANDIDATE_WORKERS),
-                                     log)
+                log(f"{NAME}: warm-up, one run each on {WARM_UP_ROWS:,} rows (not counted)")
+                generate(warm_raw, WARM_UP_ROWS, 2)
+                for n in WORKERS:
+                    side(n, warm_raw)
+            base, cand = interleaved(repeats, lambda _i: side(WORKERS[0]), lambda _i: side(WORKERS[1]), log)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    wall.baseline, wall.candidate = [b[0] for b in base], [c[0] for c in cand]
-    rate.baseline = [rows / s for s in wall.baseline]
-    rate.candidate = [rows / s for s in wall.candidate]
-    busy.baseline, busy.candidate = [b[1] for b in base], [c[1] for c in cand]
-    control.baseline, control.candidate = [b[2] for b in base], [c[2] for c in cand]
+    wall, busy, control = (Metric(label, [b[k] for b in base], [c[k] for c in cand]) for k, label in enumerate(
+        ("wall time of prepare (s)", "worker compute time, summed over tasks (s)",
+         f"control: {BURN_TASKS} independent CPU tasks (s)")))
+    rate = Metric("rows/s", [rows / s for s in wall.baseline], [rows / s for s in wall.candidate],
+                  ratio="candidate/baseline", digits=0)
     serial = statistics.median(w - b for w, b in zip(wall.baseline, busy.baseline, strict=True))
-    bound = statistics.median(wall.baseline) / (serial + statistics.median(busy.baseline) / CANDIDATE_WORKERS)
-    split_rows = reference["stats"]["rows"]
+    bound = statistics.median(wall.baseline) / (serial + statistics.median(busy.baseline) / WORKERS[1])
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline=f"tasks.preprocess:prepare on a LocalCluster(n_workers={BASELINE_WORKERS}, threads_per_worker=1)",
-        candidate=f"the same on a LocalCluster(n_workers={CANDIDATE_WORKERS}, threads_per_worker=1)",
+        baseline=f"tasks.preprocess:prepare on a LocalCluster(n_workers={WORKERS[0]}, threads_per_worker=1)",
+        candidate=f"the same on a LocalCluster(n_workers={WORKERS[1]}, threads_per_worker=1)",
         repeats=repeats, metrics=[wall, rate, busy, control],
         setup={"data": f"{rows:,} rows x 29 columns (float32 features, int64 label) in {shards} parquet parts, "
-                       "conveyor.ingest.synthetic seed 42",
-               "params": json.dumps(PARAMS),
-               "clusters": "both started before the first measurement and kept for the benchmark (worker processes, "
-                           "127.0.0.1, memory_limit 6GiB; the workers' environment as the cpu profile of "
-                           f"configs/scale.yaml sets it, worker_env {json.dumps(cpu_worker_env())})",
+                       "conveyor.ingest.synthetic seed 42", "params": json.dumps(PARAMS),
+               "clusters": "both started before the first measurement, kept for the benchmark (127.0.0.1, "
+                           f"memory_limit 6GiB, worker_env {json.dumps(cpu_worker_env())})",
                "warm-up": "imports in the workers (--quick)" if config.quick else
                           f"one run each on {WARM_UP_ROWS:,} other rows, not counted"},
-        checks=[f"every run split all {rows:,} rows ({', '.join(f'{k} {v:,}' for k, v in split_rows.items())})",
+        checks=[f"every run split all {rows:,} rows ("
+                + ", ".join(f"{k} {v:,}" for k, v in reference["stats"]["rows"].items()) + ")",
                 "every run wrote the same train/valid/test rows in the same order (content hash of the parquet "
                 "parts) and the same stats.json (counts exactly; mean/std "
-                + ("bit for bit" if identical_stats[0] else "to 1e-12 relative") + ")"],
-        notes=["the ideal ratio is 2.00 on 2 otherwise idle cores; the client (graph building), the scheduler and "
-               "the benchmark's own process share those cores, so expect less",
-               f"with 1 worker, prepare's wall time minus the workers' compute time (what the client and scheduler "
-               f"add, and does not shrink with more workers) is {serial:.1f} s (median): with perfect scaling of the "
-               f"rest, {CANDIDATE_WORKERS} workers could reach {bound:.2f}x",
-               "worker compute time: the same tasks in both runs, so its ratio is 1.00 unless each task ran slower "
-               "with 2 workers (a ratio below 1: the cores were contended, by the other worker or other processes)",
-               f"the control row runs {BURN_TASKS} independent pure-Python tasks on the same two clusters right after "
-               "each prepare: its ratio is the parallel CPU the machine gave 2 workers over 1 at that moment (2.00 "
-               "on an idle 2-core machine; near 1.00 when other work saturates the cores); read prepare's "
-               "ratio against it"],
+                + ("bit for bit" if exact[0] else "to 1e-12 relative") + ")"],
+        notes=[f"with {WORKERS[0]} worker, prepare's wall time minus the workers' compute time (client and scheduler, "
+               f"which more workers do not shrink) is {serial:.1f} s (median): with perfect scaling of the rest, "
+               f"{WORKERS[1]} workers could reach {bound:.2f}x"],
     )
