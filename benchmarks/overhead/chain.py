@@ -1,128 +1,63 @@
-"""chain: what each stage that runs costs: 50 trivial steps in a chain, done four ways.
+"""chain: what each stage that runs costs: 50 trivial chained steps (10 with --quick), done four ways.
 
-Each step reads the previous step's small file and writes the next one::
-
-    out/s00.txt -> out/s01.txt -> ... -> out/s49.txt      (10 steps with --quick)
-
-``s<k>`` writes the text of ``out/s<k-1>.txt`` plus its own name, so the last file lists
-every step. All four sides call the same function (``steps/chain.py``, written here):
-
-* a plain Python loop in one process (``python loop.py 50``): the floor, no orchestration;
-* a bare Prefect flow of 50 ``@task``s (NO_CACHE, persist_result=False), each
-  ``.submit(...).result()`` after the previous one: what Prefect alone costs;
-* `dvc repro -f` of a dvc.yaml of 50 ``cmd`` stages (``python -c`` calling the step), deps
-  the previous out, outs its own, in a project made with ``git init`` and ``dvc init``;
-* `conveyor run --force` of a conveyor spec (configs/chain.yaml, in a project with its
-  pyproject.toml, params.yaml and task package ``steps``) of 50 stages
-  ``task: steps.chain:step``, deps the previous out, outs its own (conveyor's own
-  fingerprint record: no dvc.yaml is compiled from the spec).
-
-Every measured run starts from its own fresh copy of a pristine project (no outs, no lock,
-no run record), so every side does the whole work each time. The main figures run the
-Prefect flow and conveyor against one `prefect server start` started here before any
-measurement (PREFECT_API_URL set; a long-running server, as a team keeps one); the last
-figure has PREFECT_API_URL unset, so the bare flow gets Prefect's temporary server and
-conveyor its embedded one, each run.
-
-conveyor and the bare flow also run a 1-step chain, so that the fixed cost of a run (the
-interpreter, imports, the flow run) can be told from the cost of one more stage:
-``(T(50) - T(1)) / 49``. Expected bounds (the goals): at most 20 ms of orchestration per
-stage that runs; conveyor no slower than `dvc repro -f` (which starts an interpreter per
-stage) and within 1.5x the bare Prefect flow (the same bound as a no-op run against
-`dvc repro`, see ``benchmarks.overhead.noop``); against the loop, within the loop's time plus a
-0.5 s start (the CLI's goal) plus 20 ms per stage.
+``s<k>`` writes ``out/s<k-1>.txt``'s text plus its name into ``out/s<k>.txt``, the same function on every side:
+a plain Python loop; a bare Prefect flow of 50 tasks, each awaited in turn; `dvc repro -f` of 50 ``python -c``
+cmd stages; `conveyor run --force` of 50 task stages. Every run is in a fresh copy of a pristine project;
+rows 1-5 on one `prefect server start`, row 6 with no PREFECT_API_URL. 1-step runs give one stage more,
+``(T(50) - T(1)) / 49``. Checked: every run left the same outs and nothing else; dvc.lock and the run record
+list every stage. Goals: at most 20 ms per stage that runs; no slower than `dvc repro -f`; within 1.5x the
+bare flow; within the loop's time plus a 0.5 s start plus 20 ms a stage.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
+from benchmarks import projects
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met
-from benchmarks.overhead.noop import CLI_GOAL_S
+from benchmarks.overhead.noop import CLI_GOAL_S, dvc_chain
 from benchmarks.prefect_server import PrefectServer
-from benchmarks.projects import (
-    Copies,
-    chain_text,
-    check_no_leftovers,
-    check_record,
-    make_repo,
-    no_server_env,
-    out,
-    per_stage_ms,
-    phases,
-    phases_note,
-    run_record,
-    server_env,
-    stage,
-    timed_cli,
-)
+from benchmarks.projects import Copies, chain_text, check_record, make_repo, out, per_stage_ms, stage
 
 NAME = "chain"
 DESCRIPTION = "50 trivial chained steps: conveyor run --force vs a plain loop, a bare Prefect flow, dvc repro -f"
-STAGE_GOAL_MS = 20.0  # orchestration per stage that runs
-PREFECT_GOAL = 1.5  # conveyor at most this many times the bare Prefect flow
-DVC_GOAL = 1.0  # conveyor at most this many times dvc repro -f
+STAGE_GOAL_MS, PREFECT_GOAL, DVC_GOAL = 20.0, 1.5, 1.0  # per stage that runs; x the bare flow; x dvc repro -f
+IN_FLOW = "seconds in the flow: "  # what the bare flow prints: the span of its task loop
 
 STEPS = '''\
-"""The one step of the chain benchmark, as every side calls it."""
-
 from pathlib import Path
 
-
 def write(stage, prev, out):
-    """``out``: the text of ``prev`` (none for the first step) and ``stage`` on a line of its own."""
     text = Path(prev).read_text() if prev is not None else ""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(f"{text}{stage}\\n")
 
-
-def by_index(k):
-    """Step ``k`` by its number (the loop, the bare Prefect flow, dvc's ``python -c``)."""
+def by_index(k):  # the loop, the bare Prefect flow, dvc's python -c
     write(f"s{k:02d}", f"out/s{k - 1:02d}.txt" if k else None, f"out/s{k:02d}.txt")
 
-
-def step(ctx):
-    """Step as a conveyor task: its one dep (none for the first) into its one out."""
+def step(ctx):  # the conveyor task: its one dep (none for the first) into its one out
     (dest,) = ctx.outs.values()
     write(ctx.stage, next(iter(ctx.deps.values()), None), dest)
 '''
 
-LOOP = '''\
-"""The chain as a plain Python loop in one process."""
-
-import sys
-
-from steps.chain import by_index
-
-for k in range(int(sys.argv[1])):
-    by_index(k)
-'''
-
-IN_FLOW = "seconds in the flow: "  # what the bare flow prints: the span of its task loop
+LOOP = "import sys\n\nfrom steps.chain import by_index\n\nfor k in range(int(sys.argv[1])):\n    by_index(k)\n"
 
 BARE_FLOW = '''\
-"""The chain as a bare Prefect flow: one task per step, each awaited before the next."""
-
 import sys
 import time
-
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-
 from steps.chain import by_index
-
 
 @task(cache_policy=NO_CACHE, persist_result=False)
 def step(k):
     by_index(k)
-
 
 @flow(name="chain", persist_result=False)
 def chain(n):
@@ -131,246 +66,143 @@ def chain(n):
         step.submit(k).result()
     return time.perf_counter() - started
 
-
 if __name__ == "__main__":
     print(f"''' + IN_FLOW + '''{chain(int(sys.argv[1])):.6f}")
 '''
 
 
-def dvc_yaml(n: int) -> str:
-    lines = ["stages:"]
-    for k in range(n):
-        lines += [f"  {stage(k)}:", f"    cmd: python -c \"import steps.chain as c; c.by_index({k})\""]
-        if k:
-            lines += ["    deps:", f"      - {out(k - 1)}"]
-        lines += ["    outs:", f"      - {out(k)}"]
-    return "\n".join(lines) + "\n"
-
-
 def conveyor_spec(n: int) -> str:
-    lines = [f"pipeline: chain{n}", "task_packages: [steps]", "stages:"]
-    for k in range(n):
-        lines += [f"  {stage(k)}:", "    task: steps.chain:step"]
-        if k:
-            lines.append(f"    deps: [{out(k - 1)}]")
-        lines.append(f"    outs: [{out(k)}]")
-    return "\n".join(lines) + "\n"
-
-
-def _write(root: Path, files: Mapping[str, str]) -> None:
-    root.mkdir(parents=True)
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text, encoding="utf-8")
-
-
-@dataclass
-class Templates:
-    """The pristine projects every run copies."""
-
-    plain: Path  # loop.py, bare_flow.py, steps/
-    dvc: dict[int, Path]  # steps count -> git + dvc project with its dvc.yaml
-    conveyor: Path  # git project: pyproject.toml, params.yaml, steps/, configs/chain<n>.yaml
-
-    @classmethod
-    def make(cls, root: Path, n: int) -> Templates:
-        steps = {"steps/__init__.py": "", "steps/chain.py": STEPS}
-        _write(root / "plain", {**steps, "loop.py": LOOP, "bare_flow.py": BARE_FLOW})
-        for size in (n, 1):
-            make_repo(root / f"dvc-{size}", {**steps, "dvc.yaml": dvc_yaml(size)}, dvc=True)
-        make_repo(root / "conveyor", {**steps, "pyproject.toml": '[project]\nname = "chain"\nversion = "0"\n',
-                                      "params.yaml": "# the chain has no params\n{}\n",
-                                      f"configs/chain{n}.yaml": conveyor_spec(n),
-                                      "configs/chain1.yaml": conveyor_spec(1)}, dvc=False)
-        return cls(root / "plain", {size: root / f"dvc-{size}" for size in (n, 1)}, root / "conveyor")
-
-
-@dataclass
-class Fresh:
-    """Runs each command in its own fresh copy of a template, checks what it left, removes the copy."""
-
-    copies: Copies
-    phases: dict[tuple[str, int], list[tuple[float, float, float]]] = field(default_factory=dict)  # conveyor
-    inside: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (side, steps): seconds in the flow
-    left: int = 0  # runs of the bare flow whose temporary server outlived them (killed)
-
-    def forget(self) -> None:
-        """Drop what the uncounted warm-up runs left in ``phases`` and ``inside``."""
-        self.phases.clear()
-        self.inside.clear()
-
-    def run(self, side: str, template: Path, args: Sequence[str], env: Mapping[str, str], n: int) -> float:
-        with self.copies.fresh(template, side) as workdir:
-            began = datetime.now(UTC)
-            done = timed_cli(args, workdir, env, strict=side != "bare-flow-temporary-server")
-            seconds = done.seconds
-            self.left += done.left
-            self._outs(workdir, n, side)
-            if args[-2:-1] == ["bare_flow.py"]:
-                lines = [line for line in done.stdout.splitlines() if line.startswith(IN_FLOW)]
-                check(len(lines) == 1, f"{side}: the flow did not print {IN_FLOW!r}:\n{done.stdout[-2000:]}")
-                self.inside.setdefault((side, n), []).append(float(lines[0].removeprefix(IN_FLOW)))
-            if args[0] == "dvc":
-                lock = yaml.safe_load((workdir / "dvc.lock").read_text())
-                check(sorted(lock.get("stages", {})) == [stage(k) for k in range(n)],
-                      f"{side}: dvc.lock does not record the {n} stages")
-            elif args[0] == "conveyor":
-                record = run_record(workdir)
-                check_record(record, [stage(k) for k in range(n)], "succeeded", side)
-                split = phases(record, began, seconds)
-                self.phases.setdefault((side, n), []).append(split)
-                self.inside.setdefault((side, n), []).append(split[1])
-            return seconds
-
-    @staticmethod
-    def _outs(workdir: Path, n: int, side: str) -> None:
-        wrong = [out(k) for k in range(n) if not (workdir / out(k)).is_file()
-                 or (workdir / out(k)).read_text() != chain_text(k)]
-        check(not wrong, f"{side}: outs missing or not as expected: {wrong}")
-        made = sorted(p.name for p in (workdir / "out").iterdir() if p.name != ".gitignore")  # DVC's, for its outs
-        check(len(made) == n, f"{side}: {len(made)} files in out/, expected {n}: {made}")
+    return f"pipeline: chain{n}\ntask_packages: [steps]\nstages:\n" + "".join(
+        f"  {stage(k)}: {{task: steps.chain:step, " + (f"deps: [{out(k - 1)}], " if k else "") + f"outs: [{out(k)}]}}\n"
+        for k in range(n))
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    n = 10 if config.quick else 50
-    repeats = config.reps(full=5, quick=2)
-    cold_repeats = 1 if config.quick else 2
+    n, repeats, cold_repeats = (10, config.reps(5, 2), 1) if config.quick else (50, config.reps(5, 2), 2)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-chain-"))
-    fresh = Fresh(Copies(scratch))
-    python = "python"  # the interpreter first on base_env()'s PATH: this one's
+    tpl, copies, home = scratch / "templates", Copies(scratch), scratch / "prefect-home-embedded"
+    phase: dict[tuple[str, int], list[tuple[float, float, float]]] = {}  # conveyor: before, in, after the flow
+    inside: dict[tuple[str, int], list[float]] = {}  # seconds in the flow
+    left: list[bool] = []  # runs of the bare flow whose temporary server outlived them (killed)
+
+    def go(side: str, size: int, env: Mapping[str, str]) -> float:
+        """One run of ``side`` with ``size`` steps in a fresh copy, its outs and its record checked."""
+        kind = next(k for k in ("loop", "bare", "dvc", "conveyor") if side.startswith(k))
+        template, args = {"loop": ("plain", ["python", "loop.py", str(size)]),
+                          "bare": ("plain", ["python", "bare_flow.py", str(size)]),
+                          "dvc": (f"dvc-{size}", ["dvc", "repro", "-f"]),
+                          "conveyor": ("conveyor", ["conveyor", "run", "-c", f"configs/chain{size}.yaml", "--force"])
+                          }[kind]
+        with copies.fresh(tpl / template, side) as workdir:
+            began = datetime.now(UTC)
+            done = projects.timed_cli(args, workdir, env, strict=side != "bare-flow-temporary-server")
+            left.append(done.left)
+            wrong = [out(k) for k in range(size) if not (workdir / out(k)).is_file()
+                     or (workdir / out(k)).read_text() != chain_text(k)]
+            made = sorted(p.name for p in (workdir / "out").iterdir() if p.name != ".gitignore")  # DVC's, for its outs
+            check(not wrong and len(made) == size, f"{side}: outs missing or not as expected: {wrong}; in out/: {made}")
+            if kind == "bare":
+                lines = [line for line in done.stdout.splitlines() if line.startswith(IN_FLOW)]
+                check(len(lines) == 1, f"{side}: the flow did not print {IN_FLOW!r}:\n{done.stdout[-2000:]}")
+                inside.setdefault((side, size), []).append(float(lines[0].removeprefix(IN_FLOW)))
+            elif kind == "dvc":
+                lock = yaml.safe_load((workdir / "dvc.lock").read_text())
+                check(sorted(lock.get("stages", {})) == [stage(k) for k in range(size)],
+                      f"{side}: dvc.lock does not record the {size} stages")
+            elif kind == "conveyor":
+                record = projects.run_record(workdir)
+                check_record(record, [stage(k) for k in range(size)], "succeeded", side)
+                phase.setdefault((side, size), []).append(projects.phases(record, began, done.seconds))
+                inside.setdefault((side, size), []).append(phase[side, size][-1][1])
+            return done.seconds
+
     try:
-        tpl = Templates.make(scratch / "templates", n)
-
-        def loop(env: Mapping[str, str]) -> float:
-            return fresh.run("loop", tpl.plain, [python, "loop.py", str(n)], env, n)
-
-        def bare(env: Mapping[str, str], size: int, side: str = "bare-flow") -> float:
-            return fresh.run(side, tpl.plain, [python, "bare_flow.py", str(size)], env, size)
-
-        def dvc(env: Mapping[str, str], size: int) -> float:
-            return fresh.run("dvc-repro-f", tpl.dvc[size], ["dvc", "repro", "-f"], env, size)
-
-        def conveyor(env: Mapping[str, str], size: int, side: str = "conveyor") -> float:
-            return fresh.run(side, tpl.conveyor, ["conveyor", "run", "-c", f"configs/chain{size}.yaml", "--force"],
-                             env, size)
-
+        steps = {"steps/__init__.py": "", "steps/chain.py": STEPS}
+        make_repo(tpl / "plain", {**steps, "loop.py": LOOP, "bare_flow.py": BARE_FLOW}, dvc=False)
+        for size in (n, 1):
+            make_repo(tpl / f"dvc-{size}", {**steps, "dvc.yaml": dvc_chain(
+                size, lambda k: f"python -c \"import steps.chain as c; c.by_index({k})\"")}, dvc=True)
+        make_repo(tpl / "conveyor", {**steps, "pyproject.toml": '[project]\nname = "chain"\nversion = "0"\n',
+                                     "params.yaml": "# the chain has no params\n{}\n",
+                                     f"configs/chain{n}.yaml": conveyor_spec(n),
+                                     "configs/chain1.yaml": conveyor_spec(1)}, dvc=False)
         log(f"{NAME}: starting prefect server")
         with PrefectServer() as server:
-            env = server_env(server)
-            log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
-            log(f"{NAME}: warm-up (one run of each side, not counted)")
-            loop(env)
-            bare(env, n)
-            dvc(env, 1)
-            conveyor(env, n)
-            fresh.forget()
+            env = projects.server_env(server)
+            log(f"{NAME}: warm-up on the server up in {server.startup_s:.1f} s (one run of each side, not counted)")
+            for side, size in (("loop", n), ("bare-flow", n), ("dvc", 1), ("conveyor", n)):
+                go(side, size, env)
+            phase.clear()
+            inside.clear()
             log(f"{NAME}: {repeats} interleaved repetitions of {n} and 1 step(s), on the shared server")
-
-            def peers(_i: int) -> dict[str, float]:
-                return {"loop": loop(env), "bare": bare(env, n), "bare1": bare(env, 1), "dvc": dvc(env, n),
-                        "dvc1": dvc(env, 1)}
-
-            base, cand = interleaved(repeats, peers,
-                                     lambda _i: {"conveyor": conveyor(env, n), "conveyor1": conveyor(env, 1)}, log)
+            base, cand = interleaved(repeats, lambda _i: {f"{side}{size}": go(side, size, env) for side, size in (
+                ("loop", n), ("bare-flow", n), ("bare-flow", 1), ("dvc", n), ("dvc", 1))},
+                lambda _i: {f"conveyor{size}": go("conveyor", size, env) for size in (n, 1)}, log)
             startup_s = server.startup_s
-
-        home = scratch / "prefect-home-embedded"
         home.mkdir()
-        cold_env = no_server_env(home)
+        cold_env = projects.no_server_env(home)
 
-        def cold_bare(size: int) -> float:
-            return bare(cold_env, size, "bare-flow-temporary-server")
-
-        def cold_conveyor(size: int) -> float:
-            seconds = conveyor(cold_env, size, "conveyor-embedded-server")
-            check_no_leftovers(home, "conveyor run with its embedded server")
+        def cold(side: str, size: int) -> float:
+            seconds = go(side, size, cold_env)
+            if side.startswith("conveyor"):
+                projects.check_no_leftovers(home, "conveyor run with its embedded server")
             return seconds
 
         log(f"{NAME}: PREFECT_API_URL unset: warm-up (creates the temporary PREFECT_HOME's database, not counted)")
-        cold_bare(1)
-        cold_conveyor(1)
-        for side in ("conveyor-embedded-server", "bare-flow-temporary-server"):  # the warm-up's, not counted
-            fresh.phases.pop((side, 1), None)
-            fresh.inside.pop((side, 1), None)
+        for side in ("bare-flow-temporary-server", "conveyor-embedded-server"):
+            cold(side, 1)
+            phase.pop((side, 1), None)
+            inside.pop((side, 1), None)
         log(f"{NAME}: {cold_repeats} interleaved repetitions, PREFECT_API_URL unset")
-        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: cold_bare(n), lambda _i: cold_conveyor(n), log)
+        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: cold("bare-flow-temporary-server", n),
+                                           lambda _i: cold("conveyor-embedded-server", n), log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return _result(n, repeats, startup_s, (base, cand), (cold_base, cold_cand), fresh)
-
-
-def _col(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
-    return [row[key] for row in rows]
-
-
-def _result(n: int, repeats: int, startup_s: float, warm: tuple[list[dict[str, float]], list[dict[str, float]]],
-            cold: tuple[list[float], list[float]], fresh: Fresh) -> Result:
-    base, cand = warm
-    conv = _col(cand, "conveyor")
-    budget_s = CLI_GOAL_S + n * STAGE_GOAL_MS / 1000
-    vs_loop = Metric(f"{n} steps, wall (s), vs plain Python loop; goal: <= loop + {CLI_GOAL_S:g} s + "
-                     f"{STAGE_GOAL_MS:g} ms/step", _col(base, "loop"), conv)
-    vs_bare = Metric(f"{n} steps, wall (s), vs bare Prefect flow; goal: <= {PREFECT_GOAL:g}x, ratio >= "
-                     f"{1 / PREFECT_GOAL:.2f}", _col(base, "bare"), conv)
-    vs_dvc = Metric(f"{n} steps, wall (s), vs dvc repro -f; goal: <= {DVC_GOAL:g}x, ratio >= {1 / DVC_GOAL:.2f}",
-                    _col(base, "dvc"), conv)
+    col = {key: [row[key] for row in rows] for rows in (base, cand) for key in rows[0]}
+    conv, budget_s = col[f"conveyor{n}"], CLI_GOAL_S + n * STAGE_GOAL_MS / 1000
+    m = {key: median(values) for key, values in col.items()}
+    vs_loop, vs_bare, vs_dvc = (Metric(f"{n} steps, wall (s), vs {what}; goal: {goal}", col[key], conv)
+                                for key, what, goal in (
+        (f"loop{n}", "plain Python loop", f"<= loop + {CLI_GOAL_S:g} s + {STAGE_GOAL_MS:g} ms/step"),
+        (f"bare-flow{n}", "bare Prefect flow", f"<= {PREFECT_GOAL:g}x, ratio >= {1 / PREFECT_GOAL:.2f}"),
+        (f"dvc{n}", "dvc repro -f", f"<= {DVC_GOAL:g}x, ratio >= {1 / DVC_GOAL:.2f}")))
     per = Metric(f"per stage that runs (ms), (T({n})-T(1))/{n - 1}, vs Prefect task; goal: <= {STAGE_GOAL_MS:g} ms",
-                 per_stage_ms(_col(base, "bare"), _col(base, "bare1"), n - 1),
-                 per_stage_ms(conv, _col(cand, "conveyor1"), n - 1), digits=1)
-    flows = fresh.inside
+                 per_stage_ms(col[f"bare-flow{n}"], col["bare-flow1"], n - 1),
+                 per_stage_ms(conv, col["conveyor1"], n - 1), digits=1)
     in_flow = Metric(f"per stage in the flow (ms), (F({n})-F(1))/{n - 1}, vs Prefect task; goal: <= "
-                     f"{STAGE_GOAL_MS:g} ms",
-                     per_stage_ms(flows["bare-flow", n], flows["bare-flow", 1], n - 1),
-                     per_stage_ms(flows["conveyor", n], flows["conveyor", 1], n - 1), digits=1)
+                     f"{STAGE_GOAL_MS:g} ms", per_stage_ms(inside["bare-flow", n], inside["bare-flow", 1], n - 1),
+                     per_stage_ms(inside["conveyor", n], inside["conveyor", 1], n - 1), digits=1)
     embedded = Metric(f"{n} steps, wall (s), no server running, vs bare Prefect flow; goal: <= {PREFECT_GOAL:g}x",
-                      cold[0], cold[1])
-    loop_goal = median(vs_loop.baseline) / (median(vs_loop.baseline) + budget_s)
-    dvc_per = per_stage_ms(_col(base, "dvc"), _col(base, "dvc1"), n - 1)
-    conv_per = median(per.candidate)
-    m = {name: median(values) for name, values in (
-        ("loop", vs_loop.baseline), ("bare", vs_bare.baseline), ("bare1", _col(base, "bare1")),
-        ("dvc", vs_dvc.baseline), ("dvc1", _col(base, "dvc1")), ("conveyor", conv),
-        ("conveyor1", _col(cand, "conveyor1")), ("cold_bare", cold[0]), ("cold_conveyor", cold[1]))}
+                      cold_base, cold_cand)
+    dvc_per = median(per_stage_ms(col[f"dvc{n}"], col["dvc1"], n - 1))
     notes = [
-        f"medians (s), shared server: plain loop {m['loop']:.2f}; bare Prefect flow {m['bare']:.2f} ({n} tasks), "
-        f"{m['bare1']:.2f} (1 task); dvc repro -f {m['dvc']:.2f} ({n} stages), {m['dvc1']:.2f} (1); conveyor run "
-        f"--force {m['conveyor']:.2f} ({n} stages), {m['conveyor1']:.2f} (1)",
-        f"per stage that runs (medians of the per-repetition (T({n}) - T(1)) / {n - 1}): conveyor {conv_per:.1f} ms, "
-        f"bare Prefect flow {median(per.baseline):.1f} ms, dvc repro -f {median(dvc_per):.1f} ms; goal conveyor <= "
-        f"{STAGE_GOAL_MS:g} ms: {met(conv_per <= STAGE_GOAL_MS)} (wall times: the jitter of a process's start and "
-        "exit, Prefect's flushing of its logs and events at exit above all, can exceed the difference with few "
-        "steps or repetitions; row 5 leaves them out)",
+        f"1 step (medians, s): bare Prefect flow {m['bare-flow1']:.2f}, dvc repro -f {m['dvc1']:.2f}, conveyor run "
+        f"--force {m['conveyor1']:.2f}; dvc repro -f per stage that runs {dvc_per:.1f} ms",
+        f"per stage that runs: goal conveyor <= {STAGE_GOAL_MS:g} ms: {met(median(per.candidate) <= STAGE_GOAL_MS)} "
+        "(row 4's wall times carry a process's start and exit jitter; row 5 leaves them out)",
         f"vs the loop: goal conveyor <= loop + {CLI_GOAL_S:g} s start + {n} x {STAGE_GOAL_MS:g} ms = "
-        f"{m['loop'] + budget_s:.2f} s, i.e. ratio >= {loop_goal:.2f}: {met(m['conveyor'] <= m['loop'] + budget_s)}",
-        f"vs the bare Prefect flow: conveyor took {vs_bare.share():.2f}x its time (goal <= {PREFECT_GOAL:g}x: "
-        f"{met(vs_bare.share() <= PREFECT_GOAL)}); with the servers each starts itself (PREFECT_API_URL unset) "
-        f"{embedded.share():.2f}x: bare flow {m['cold_bare']:.2f} s, conveyor {m['cold_conveyor']:.2f} s",
-        f"vs dvc repro -f: conveyor took {vs_dvc.share():.2f}x its time (goal <= {DVC_GOAL:g}x: "
-        f"{met(vs_dvc.share() <= DVC_GOAL)})",
-    ]
-    notes.append(f"per stage inside the flow (row 5; F is the time inside the flow, less noisy than the wall: no "
-                 f"interpreter start, no exit; for the bare flow the span of its task loop, for conveyor its run "
-                 f"record's started -> finished): conveyor {median(in_flow.candidate):.1f} ms, bare Prefect task "
-                 f"{median(in_flow.baseline):.1f} ms; F({n}) medians: bare flow {median(flows['bare-flow', n]):.2f} "
-                 f"s, conveyor {median(flows['conveyor', n]):.2f} s; goal conveyor <= {STAGE_GOAL_MS:g} ms: "
-                 f"{met(median(in_flow.candidate) <= STAGE_GOAL_MS)}")
-    for side, what in (("conveyor", "shared server"), ("conveyor-embedded-server", "embedded server")):
-        if fresh.phases.get((side, n)):
-            notes.append(phases_note(f"`conveyor run --force` ({what}, {n} stages)", fresh.phases[side, n]))
-    if fresh.left:
-        notes.append(f"the bare Prefect flow left its temporary server running 10 s after it exited in {fresh.left} "
-                     "run(s) (killed before the next run)")
+        f"{m[f'loop{n}'] + budget_s:.2f} s, i.e. ratio >= {m[f'loop{n}'] / (m[f'loop{n}'] + budget_s):.2f}: "
+        f"{met(m[f'conveyor{n}'] <= m[f'loop{n}'] + budget_s)}",
+        f"conveyor / the bare Prefect flow {vs_bare.share():.2f}x (goal <= {PREFECT_GOAL:g}x: "
+        f"{met(vs_bare.share() <= PREFECT_GOAL)}), {embedded.share():.2f}x with no server running; conveyor / dvc "
+        f"repro -f {vs_dvc.share():.2f}x (goal <= {DVC_GOAL:g}x: {met(vs_dvc.share() <= DVC_GOAL)})",
+        f"row 5 (F: the bare flow's task loop, conveyor's run record started -> finished): F({n}) medians bare flow "
+        f"{median(inside['bare-flow', n]):.2f} s, conveyor {median(inside['conveyor', n]):.2f} s; goal conveyor <= "
+        f"{STAGE_GOAL_MS:g} ms: {met(median(in_flow.candidate) <= STAGE_GOAL_MS)}",
+        *(projects.phases_note(f"`conveyor run --force` ({what}, {n} stages)", phase[side, n])
+          for side, what in (("conveyor", "shared server"), ("conveyor-embedded-server", "embedded server"))
+          if phase.get((side, n))),
+        *([f"the bare Prefect flow left its temporary server running 10 s after it exited in {sum(left)} run(s) "
+           "(killed before the next run)"] if any(left) else [])]
     return Result(
         name=NAME, description=DESCRIPTION,
-        baseline=f"the same {n} steps as a plain Python loop, a bare Prefect flow of {n} tasks, `dvc repro -f` of "
-                 f"{n} cmd stages",
+        baseline=f"the {n} steps as a plain Python loop, a bare Prefect flow of {n} tasks, `dvc repro -f` (cmd stages)",
         candidate=f"`conveyor run --force` of a spec of {n} task stages (steps.chain:step)",
         repeats=repeats, metrics=[vs_loop, vs_bare, vs_dvc, per, in_flow, embedded],
         setup={"prefect server start": f"up in {startup_s:.1f} s before the first measurement (rows 1-5)",
-               "repetitions without a server (row 6)": str(len(cold[0]))},
-        checks=["every command exited 0; every run of every side left the same out/s00.txt ... "
-                f"out/s{n - 1:02d}.txt and nothing else in out/ (DVC's .gitignore aside)",
-                "dvc.lock (dvc repro -f) and the run record (conveyor: every stage succeeded) list every stage",
-                "no process of conveyor's embedded Prefect server outlived its run"],
+               "repetitions without a server (row 6)": str(len(cold_base))},
+        checks=[f"every command exited 0; every run left the same out/s00.txt ... out/s{n - 1:02d}.txt, nothing else "
+                "in out/ (DVC's .gitignore aside); dvc.lock and conveyor's run record (every stage succeeded) list "
+                "every stage; no process of conveyor's embedded server outlived its run"],
         notes=notes,
     )

@@ -1,44 +1,13 @@
 """reference: `conveyor run --force` of the reference pipeline vs the same work as one plain script.
 
-The question: what does the orchestrator cost on the project it ships with? The reference
-pipeline (``configs/pipeline.yaml``: ingest on a thread pool, preprocess with
-dask.dataframe and XGBoost on the ``cpu`` profile, a torch MLP in the runner, a stacked
-logistic regression, evaluation) works on scikit-learn's bundled breast-cancer data (569
-rows), so almost all of it is fixed cost: interpreter and imports, DVC's status and lock,
-Prefect's flow and task runs. The ``cpu`` profile's ``in_process_below: 64MiB`` places the
-preprocess and the XGBoost training in conveyor's process for data this small (the run
-record's ``placement`` says so; a note lists it), so no Dask worker starts.
-
-- candidate: ``conveyor run --force`` in a fresh copy of the repository's tracked files at
-  HEAD (``git archive HEAD``: the project as a fresh clone has it, made a git repository
-  with one commit, which DVC needs), with ``PREFECT_API_URL`` pointing at one
-  ``prefect server start`` started here before any measurement (a team keeps a server);
-  and, as a second figure, with no ``PREFECT_API_URL``, so that every run starts and
-  stops Prefect's temporary server itself (its ``PREFECT_HOME`` a temporary folder whose
-  database one uncounted run created).
-- baseline: ``benchmarks/overhead/plain_reference.py``, the same work in one process with the same
-  libraries and no orchestrator (pandas instead of dask.dataframe, ``xgb.train`` with
-  ``nthread=2`` instead of xgboost.dask on two one-thread workers, the same MLP, stack and
-  metrics), in another fresh copy.
-
-Before any ratio: both exit 0; the run record says every stage ran (none skipped or
-restored); both wrote every model, metrics file and the plot; the raw and processed data
-hold the same rows (same columns, counts, and values sorted row-wise, equal to 1e-9),
-with the same split counts; the test AUC of each model agrees within 0.02 (the test split
-is 113 rows, 42 x 71 positive/negative pairs: 0.02 is about 60 pairs ranked the other way,
-far more than an XGBoost trained on Dask workers instead of one process could change,
-far less than a broken model loses). The plain script imported none of conveyor,
-prefect, dask, distributed.
-
-The goal: conveyor's wall at most 3x the plain script's (ratio column at least 0.33x).
-On a data set this small the work itself is a few seconds, so that bound is a bound on
-the fixed cost. Peak memory is the summed RSS of the command's process tree (the command
-and every descendant: Dask's workers where a profile starts them, the temporary Prefect server),
-sampled from /proc every 100 ms on both sides; shared pages are counted once per
-process, so it overstates what the tree holds, alike for both sides in kind. The shared
-server of the first figure is not in conveyor's tree (its RSS at the end is in a note).
+What the orchestrator costs on the project it ships with (569 rows: almost all fixed cost). Each run is in a
+fresh copy of the tracked files at HEAD, timed by hyperfine, its process tree's peak RSS summed by psutil.
+Candidate: ``conveyor run --force`` on one `prefect server start` (rows 1-2), then starting Prefect's
+temporary server itself (rows 3-4); baseline: ``plain_reference.py``, the same work in one process. Checked:
+every stage ran; both wrote every output, the same raw and processed rows (to 1e-9) and split counts, test
+AUCs within 0.02 (113 rows: ~60 of 2,982 pairs); the plain script imported no conveyor, prefect, dask.
+Goal: conveyor's wall at most 3x the plain script's.
 """
-
 from __future__ import annotations
 
 import io
@@ -59,36 +28,21 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median
+from benchmarks import projects
+from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.processes import rss_mib, with_prefect_home
-from benchmarks.projects import (
-    Copies,
-    base_env,
-    check_no_leftovers,
-    cli,
-    commit,
-    conveyor_command,
-    no_server_env,
-    timed_cli,
-)
+from benchmarks.projects import Copies, base_env, check_no_leftovers, cli, commit, conveyor_command, no_server_env
 
 NAME = "reference"
 DESCRIPTION = "conveyor run --force of the reference pipeline vs the same work as one plain script"
 PLAIN = Path(__file__).resolve().parent / "plain_reference.py"
 STAGES = ("ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate")
-PLAIN_STEPS = ("imports", "ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate")
-MODELS = ("xgb", "mlp", "stack")
-SPLITS = ("train", "valid", "test")
 WRITTEN = ("models/xgb.json", "models/mlp.pt", "models/stack.json", "metrics/train_xgb.json",
            "metrics/train_mlp.json", "metrics/test.json", "plots/roc.png", "data/processed/stats.json")
-AUC_TOLERANCE = 0.02
-ROW_TOLERANCE = 1e-9  # standardised values: dask's partitioned sums vs pandas' may differ in the last bits
-MIN_AUC = 0.9  # a model that learned nothing scores about 0.5
+AUC_TOLERANCE, ROW_TOLERANCE, MIN_AUC = 0.02, 1e-9, 0.9  # rows: dask's partitioned sums vs pandas' last bits
 GOAL = 3.0  # conveyor's wall at most this many times the plain script's
-
-
-# --- the project copies -------------------------------------------------------------------
+Rows = tuple[list[str], npt.NDArray[np.float64]]
 
 
 def make_template(root: Path) -> None:
@@ -105,9 +59,8 @@ def make_template(root: Path) -> None:
 
 
 def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> tuple[Path, dict[str, str]]:
-    """A copy of the reference project (:func:`make_template`) trained by one ``conveyor run``
-    (not counted; Prefect's temporary server in a temporary PREFECT_HOME): its root, and the
-    environment to run commands in it."""
+    """A copy of the reference project trained by one ``conveyor run`` (not counted; Prefect's temporary
+    server in a temporary PREFECT_HOME): its root, and the environment to run commands in it."""
     root = scratch / "project"
     make_template(root)
     env = no_server_env(scratch / "prefect-home")
@@ -118,228 +71,161 @@ def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> t
 
 @dataclass
 class Outcome:
-    """What one run left behind and took."""
+    """What one run took and left: test metrics, the rows of data/raw and each split (sorted), stats.json."""
 
-    wall: float
-    peak_rss_mib: float
-    test: dict[str, dict[str, float]]  # metrics/test.json
-    raw: npt.NDArray[np.float64]  # data/raw, rows sorted
-    processed: dict[str, tuple[list[str], npt.NDArray[np.float64]]]  # per split: columns, rows sorted
-    stats: dict[str, Any]  # data/processed/stats.json: rows and class counts
-    steps: dict[str, float] = field(default_factory=dict)  # plain: its steps; conveyor: its stages (s)
-    phases: tuple[float, float, float] | None = None  # conveyor: before, in and after the flow (s)
-    flow_gaps: float = 0.0  # conveyor: seconds of the flow when no stage ran
-    critical_path_s: float = 0.0
-    stage_sum_s: float = 0.0
-    placement: dict[str, str] = field(default_factory=dict)  # conveyor: stage -> where it ran (run record)
+    test: dict[str, dict[str, float]]
+    rows: dict[str, Rows]
+    stats: dict[str, Any]  # rows, class counts, features
+    wall: float = 0.0
+    peak_mib: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)  # the plain script's steps, conveyor's stages (s)
+    record: dict[str, Any] = field(default_factory=dict)  # conveyor's run record
+    phases: tuple[float, float, float] = (0.0, 0.0, 0.0)  # conveyor: before, in and after the flow (s)
 
 
-def _sorted_rows(directory: Path) -> tuple[list[str], npt.NDArray[np.float64]]:
-    """Columns, and the rows as floats sorted lexicographically (on values rounded to 9 places)."""
-    frame = pd.read_parquet(directory)
-    values = frame.to_numpy(dtype=np.float64)
-    order = np.lexsort(np.round(values, 9).T[::-1])
-    return [str(c) for c in frame.columns], values[order]
-
-
-def _observe(outdir: Path, side: str, since: float) -> Outcome:
-    """The outputs of a run in ``outdir``: every file written by this run (mtime after ``since``)."""
-    stale = [p for p in WRITTEN if not (outdir / p).is_file() or (outdir / p).stat().st_mtime < since]
-    check(not stale, f"{side}: not written by this run: {stale}")
-    processed = {}
-    for split in SPLITS:
-        check(any((outdir / "data/processed" / split).glob("*.parquet")), f"{side}: no parquet in "
-                                                                           f"data/processed/{split}")
-        processed[split] = _sorted_rows(outdir / "data/processed" / split)
-    stats = json.loads((outdir / "data/processed/stats.json").read_text())
-    return Outcome(0.0, 0.0, json.loads((outdir / "metrics/test.json").read_text()),
-                   _sorted_rows(outdir / "data/raw")[1], processed,
-                   {"rows": stats["rows"], "class_counts": stats["class_counts"], "features": stats["features"]})
-
-
-class Runs:
-    """Each run in a fresh copy of the template, timed by hyperfine, its tree's memory sampled by psutil."""
-
-    def __init__(self, template: Path, scratch: Path) -> None:
-        self.template, self.copies = template, Copies(scratch)
-
-    def plain(self, env: Mapping[str, str]) -> Outcome:
-        with self.copies.fresh(self.template, "plain") as workdir:
-            since = time.time()
-            done = timed_cli([sys.executable, str(PLAIN), "out", "--project", "."], workdir, env, memory=True)
-            outcome = _observe(workdir / "out", "plain", since)
-            timings = json.loads((workdir / "out/timings.json").read_text())
-            check(not timings["forbidden_modules_loaded"], f"the plain script imported "
-                                                           f"{timings['forbidden_modules_loaded']}")
-            outcome.wall, outcome.peak_rss_mib, outcome.steps = done.seconds, done.peak_mib, dict(timings["steps_s"])
-            return outcome
-
-    def conveyor(self, env: Mapping[str, str], side: str = "conveyor") -> Outcome:
-        with self.copies.fresh(self.template, side) as workdir:
-            since, began = time.time(), datetime.now(UTC)
-            # the memory measured is the command's process tree: a run forked by a warm runner is not in it
-            done = timed_cli([conveyor_command(), "run", "--force"], workdir, {**env, "CONVEYOR_WARM": "0"},
-                             memory=True)
-            outcome = _observe(workdir, side, since)
-            _record(workdir, outcome, began, done.seconds)
-            outcome.wall, outcome.peak_rss_mib = done.seconds, done.peak_mib
-            return outcome
-
-
-def _record(workdir: Path, outcome: Outcome, began: datetime, wall: float) -> None:
-    """From conveyor's run record (checked: every stage ran): stage durations, phases, gaps in the flow."""
-    record: dict[str, Any] = json.loads((workdir / ".conveyor/runs/latest.json").read_text())
-    stages: dict[str, Any] = record["stages"]
-    check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES)
-          and all(s["status"] == "succeeded" and "cache" not in (s.get("reason") or "") for s in stages.values()),
-          f"{workdir.name}: not every stage ran: { {n: (s['status'], s.get('reason')) for n, s in stages.items()} }")
-    started, finished = datetime.fromisoformat(record["started"]), datetime.fromisoformat(record["finished"])
-    before, flow = (started - began).total_seconds(), (finished - started).total_seconds()
-    spans = sorted((datetime.fromisoformat(s["started"]), datetime.fromisoformat(s["finished"]))
-                   for s in stages.values())
-    covered, end = 0.0, started
-    for start, stop in spans:
-        if stop > end:
-            covered += (stop - max(start, end)).total_seconds()
-            end = stop
-    outcome.steps = {name: float(stages[name]["duration_s"]) for name in STAGES}
-    outcome.phases = (before, flow, wall - before - flow)
-    outcome.flow_gaps = flow - covered
-    outcome.critical_path_s = float(record["critical_path_s"])
-    outcome.stage_sum_s = float(record["stage_sum_s"])
-    outcome.placement = {name: f"{s['profile']}, {(s.get('placement') or 'on its profile').split(':')[0]}"
-                         for name, s in stages.items()}
-
-
-# --- checks -------------------------------------------------------------------------------
+def one_run(template: Path, copies: Copies, side: str, env: Mapping[str, str]) -> Outcome:
+    """One run of ``side`` (``plain`` or a conveyor side) in a fresh copy; its outputs, all written by it."""
+    plain = side == "plain"
+    with copies.fresh(template, side) as workdir:
+        since, began = time.time(), datetime.now(UTC)
+        # conveyor: the memory measured is the command's process tree; a run forked by a warm runner is not in it
+        done = projects.timed_cli([sys.executable, str(PLAIN), "out", "--project", "."] if plain
+                                  else [conveyor_command(), "run", "--force"], workdir,
+                                  env if plain else {**env, "CONVEYOR_WARM": "0"}, memory=True)
+        outdir = workdir / "out" if plain else workdir
+        stale = [p for p in WRITTEN if not (outdir / p).is_file() or (outdir / p).stat().st_mtime < since]
+        check(not stale, f"{side}: not written by this run: {stale}")
+        empty = [s for s in ("train", "valid", "test") if not any((outdir / "data/processed" / s).glob("*.parquet"))]
+        check(not empty, f"{side}: no parquet in data/processed/{empty}")
+        stats, rows = json.loads((outdir / "data/processed/stats.json").read_text()), dict[str, Rows]()
+        for folder in ("raw", "processed/train", "processed/valid", "processed/test"):
+            frame = pd.read_parquet(outdir / "data" / folder)  # rows sorted on values rounded to 9 places
+            values = frame.to_numpy(dtype=np.float64)
+            rows[folder] = [str(c) for c in frame.columns], values[np.lexsort(np.round(values, 9).T[::-1])]
+        got = Outcome(json.loads((outdir / "metrics/test.json").read_text()), rows,
+                      {k: stats[k] for k in ("rows", "class_counts", "features")}, done.seconds, done.peak_mib)
+        if plain:
+            timings = json.loads((outdir / "timings.json").read_text())
+            check(not timings["forbidden_modules_loaded"], f"plain imported {timings['forbidden_modules_loaded']}")
+            got.steps = dict(timings["steps_s"])
+            return got
+        got.record = record = projects.run_record(workdir)
+        stages = record["stages"]
+        check(record["status"] == "succeeded" and sorted(stages) == sorted(STAGES) and all(
+              s["status"] == "succeeded" and "cache" not in (s.get("reason") or "") for s in stages.values()),
+              f"{side}: not every stage ran: { {n: (s['status'], s.get('reason')) for n, s in stages.items()} }")
+        got.steps = {name: float(stages[name]["duration_s"]) for name in STAGES}
+        got.phases = projects.phases(record, began, done.seconds)
+        return got
 
 
 def check_same(plain: Outcome, conveyor: Outcome, what: str) -> tuple[float, float]:
-    """Same rows, split counts, outputs; AUCs within AUC_TOLERANCE. Returns (max |row diff|, max |AUC diff|)."""
-    check(plain.raw.shape == conveyor.raw.shape, f"{what}: data/raw has {plain.raw.shape} (plain) vs "
-                                                 f"{conveyor.raw.shape} (conveyor) rows x columns")
-    check(bool(np.array_equal(plain.raw, conveyor.raw, equal_nan=True)), f"{what}: data/raw rows differ")
-    check(plain.stats == conveyor.stats, f"{what}: stats.json rows/class counts/features differ: plain "
-                                         f"{plain.stats} vs conveyor {conveyor.stats}")
+    """The same stats, the same raw rows bit for bit, split rows within ROW_TOLERANCE, AUCs within AUC_TOLERANCE.
+    Returns (max |row diff|, max |AUC diff|)."""
+    check(plain.stats == conveyor.stats, f"{what}: stats.json differ: plain {plain.stats}, conveyor {conveyor.stats}")
     worst = 0.0
-    for split in SPLITS:
-        (p_cols, p_rows), (c_cols, c_rows) = plain.processed[split], conveyor.processed[split]
-        check(p_cols == c_cols, f"{what}: data/processed/{split} columns differ: {p_cols} vs {c_cols}")
-        check(p_rows.shape == c_rows.shape, f"{what}: data/processed/{split} has {p_rows.shape} (plain) vs "
-                                            f"{c_rows.shape} (conveyor) rows x columns")
+    for folder, (p_cols, p_rows) in plain.rows.items():
+        c_cols, c_rows = conveyor.rows[folder]
+        check(p_cols == c_cols and p_rows.shape == c_rows.shape, f"{what}: data/{folder}: columns or shape differ "
+                                                                 f"({p_rows.shape} plain, {c_rows.shape} conveyor)")
         diff = float(np.nanmax(np.abs(p_rows - c_rows))) if p_rows.size else 0.0
-        check(diff <= ROW_TOLERANCE and bool((np.isnan(p_rows) == np.isnan(c_rows)).all()),
-              f"{what}: data/processed/{split} values differ by up to {diff:g} (tolerance {ROW_TOLERANCE:g})")
+        check(diff <= (0.0 if folder == "raw" else ROW_TOLERANCE) and bool((np.isnan(p_rows) == np.isnan(c_rows))
+                                                                          .all()),
+              f"{what}: data/{folder} values differ by up to {diff:g} (tolerance {ROW_TOLERANCE:g}, raw none)")
         worst = max(worst, diff)
-    auc_diff = 0.0
-    for model in MODELS:
-        p_auc, c_auc = plain.test[model]["auc"], conveyor.test[model]["auc"]
-        check(min(p_auc, c_auc) >= MIN_AUC, f"{what}: {model} test AUC {p_auc} (plain), {c_auc} (conveyor): "
-                                            f"below {MIN_AUC}")
-        check(abs(p_auc - c_auc) <= AUC_TOLERANCE, f"{what}: {model} test AUC {p_auc} (plain) vs {c_auc} "
-                                                   f"(conveyor): more than {AUC_TOLERANCE} apart")
-        auc_diff = max(auc_diff, abs(p_auc - c_auc))
-    return worst, auc_diff
-
-
-# --- the benchmark ------------------------------------------------------------------------
+    aucs = {model: (plain.test[model]["auc"], conveyor.test[model]["auc"]) for model in ("xgb", "mlp", "stack")}
+    check(all(min(a) >= MIN_AUC and abs(a[0] - a[1]) <= AUC_TOLERANCE for a in aucs.values()),
+          f"{what}: test AUC (plain, conveyor) {aucs}: below {MIN_AUC} or more than {AUC_TOLERANCE} apart")
+    return worst, max(abs(p - c) for p, c in aucs.values())
 
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    repeats = config.reps(full=5, quick=2)
-    cold_repeats = config.reps(full=3, quick=1)
+    repeats, cold_repeats = config.reps(full=5, quick=2), config.reps(full=3, quick=1)
     scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-reference-"))
-    runs = Runs(scratch / "template", scratch)
-    cold_home = scratch / "prefect-home"
+    template, copies, cold_home = scratch / "template", Copies(scratch), scratch / "prefect-home"
     try:
-        make_template(scratch / "template")
+        make_template(template)
         cold_home.mkdir()
-        log(f"{NAME}: starting prefect server")
-        with PrefectServer() as server:
-            log(f"{NAME}: prefect server up in {server.startup_s:.1f} s on {server.url}")
-            log(f"{NAME}: warm-up (one run of each side on the server, not counted)")
-            runs.plain(base_env())
-            runs.conveyor(server.env, "warm-up")
-            log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
-            base, cand = interleaved(repeats, lambda _i: runs.plain(base_env()), lambda _i: runs.conveyor(server.env),
-                                     log)
-            startup_s, server_mib = server.startup_s, rss_mib(with_prefect_home(server.home))
+
+        def side(name: str, env: Mapping[str, str]) -> Callable[[int], Outcome]:
+            return lambda _i: one_run(template, copies, name, env)
 
         def cold(_i: int) -> Outcome:
-            outcome = runs.conveyor(no_server_env(cold_home), "conveyor-cold")
+            outcome = one_run(template, copies, "conveyor-cold", no_server_env(cold_home))
             check_no_leftovers(cold_home, "conveyor run with its temporary Prefect server")
             return outcome
 
+        log(f"{NAME}: starting prefect server")
+        with PrefectServer() as server:
+            log(f"{NAME}: warm-up (one run of each side on the server up in {server.startup_s:.1f} s, not counted)")
+            side("plain", base_env())(0)
+            side("warm-up", server.env)(0)
+            log(f"{NAME}: {repeats} interleaved repetitions, conveyor on the shared server")
+            warm = interleaved(repeats, side("plain", base_env()), side("conveyor", server.env), log)
+            startup_s, server_mib = server.startup_s, rss_mib(with_prefect_home(server.home))
         log(f"{NAME}: cold: one conveyor run with its temporary server to create its database, not counted")
         cold(0)
         log(f"{NAME}: {cold_repeats} interleaved repetitions, conveyor with its temporary server")
-        cold_base, cold_cand = interleaved(cold_repeats, lambda _i: runs.plain(base_env()), cold, log)
+        cold_runs = interleaved(cold_repeats, side("plain", base_env()), cold, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    agreement = [check_same(b, c, f"shared server, repetition {i}")
-                 for i, (b, c) in enumerate(zip(base, cand, strict=True), start=1)]
-    agreement += [check_same(b, c, f"temporary server, repetition {i}")
-                  for i, (b, c) in enumerate(zip(cold_base, cold_cand, strict=True), start=1)]
-    return _result((base, cand), (cold_base, cold_cand), agreement, startup_s, server_mib)
-
-
-def _result(warm: tuple[list[Outcome], list[Outcome]], cold: tuple[list[Outcome], list[Outcome]],
-            agreement: list[tuple[float, float]], startup_s: float, server_mib: float) -> Result:
+    agree = [check_same(b, c, f"{what} server, repetition {i}") for what, (base, cand) in
+             (("shared", warm), ("temporary", cold_runs)) for i, (b, c) in enumerate(zip(base, cand, strict=True), 1)]
     base, cand = warm
-    wall = Metric("wall (s), conveyor on a shared Prefect server", [o.wall for o in base], [o.wall for o in cand])
-    rss = Metric("peak RSS of the process tree (MiB), shared server", [o.peak_rss_mib for o in base],
-                 [o.peak_rss_mib for o in cand], digits=0)
-    cold_wall = Metric("wall (s), conveyor starting its temporary Prefect server", [o.wall for o in cold[0]],
-                       [o.wall for o in cold[1]])
-    cold_rss = Metric("peak RSS of the process tree (MiB), temporary server (in the tree)",
-                      [o.peak_rss_mib for o in cold[0]], [o.peak_rss_mib for o in cold[1]], digits=0)
-    share, cold_share = wall.share(), cold_wall.share()
-    before, flow, after = (median([o.phases[k] for o in cand if o.phases]) for k in range(3))
-    c_before, c_flow, c_after = (median([o.phases[k] for o in cold[1] if o.phases]) for k in range(3))
-    stage_s = {name: median([o.steps[name] for o in cand]) for name in STAGES}
-    step_s = {name: median([o.steps[name] for o in base]) for name in PLAIN_STEPS}
-    plain_wall = median(wall.baseline)
-    p = cand[0].test
+    metrics = [Metric(label, [getattr(o, key) for o in runs[0]], [getattr(o, key) for o in runs[1]], digits=digits)
+               for label, runs, key, digits in (
+                   ("wall (s), conveyor on a shared Prefect server", warm, "wall", 2),
+                   ("peak RSS of the process tree (MiB), shared server", warm, "peak_mib", 0),
+                   ("wall (s), conveyor starting its temporary Prefect server", cold_runs, "wall", 2),
+                   ("peak RSS of the process tree (MiB), temporary server (in the tree)", cold_runs, "peak_mib", 0))]
+    share, cold_share = metrics[0].share(), metrics[2].share()
+    before, flow, after = (median([o.phases[k] for o in cand]) for k in range(3))
+    c_before, c_flow, c_after = (median([o.phases[k] for o in cold_runs[1]]) for k in range(3))
+    rec = {key: median([float(o.record[key]) for o in cand]) for key in ("critical_path_s", "stage_sum_s")}
+    stages, p = cand[0].record["stages"], cand[0].test
+
+    def gaps(record: Mapping[str, Any]) -> float:
+        """Seconds of the flow when no stage ran."""
+        started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
+        covered, end = 0.0, started
+        for start, stop in sorted((datetime.fromisoformat(s["started"]), datetime.fromisoformat(s["finished"]))
+                                  for s in record["stages"].values()):
+            if stop > end:
+                covered, end = covered + (stop - max(start, end)).total_seconds(), stop
+        return (finished - started).total_seconds() - covered
+
+    def steps(runs: list[Outcome]) -> str:
+        return ", ".join(f"{n} {median([o.steps[n] for o in runs]):.2f}" for n in runs[0].steps)
+
     return Result(
         name=NAME, description=DESCRIPTION,
         baseline="benchmarks/overhead/plain_reference.py: the same work in one process, no orchestrator (pandas, "
                  "xgb.train nthread=2, the same MLP, stack, metrics)",
         candidate="`conveyor run --force` of configs/pipeline.yaml (Prefect flow, DVC record; the cpu profile's "
                   "in_process_below places preprocess and XGBoost)",
-        repeats=len(base), metrics=[wall, rss, cold_wall, cold_rss],
-        setup={"data": f"{cand[0].raw.shape[0]} rows; splits {cand[0].stats['rows']}",
+        repeats=len(base), metrics=metrics,
+        setup={"data": f"{cand[0].rows['raw'][1].shape[0]} rows; splits {cand[0].stats['rows']}",
                "prefect server start (rows 1-2)": f"up in {startup_s:.1f} s before the first measurement",
-               "repetitions with the temporary server (rows 3-4)": str(len(cold[0]))},
-        checks=["every run exited 0 and left no process of its group running 10 s later; conveyor's run record "
-                "says every stage succeeded, none restored from a cache",
-                f"both sides wrote, in this run, {', '.join(WRITTEN)}; data/raw the same rows bit for bit",
-                f"data/processed: the same columns, row counts and rows (sorted) within {ROW_TOLERANCE:g}, the same "
-                f"stats.json counts; largest difference seen {max(a[0] for a in agreement):.2g}",
-                f"every model's test AUC at least {MIN_AUC} on both sides and within {AUC_TOLERANCE} of the other's; "
-                f"largest difference seen {max(a[1] for a in agreement):.4f}",
-                "the plain script imported none of conveyor, prefect, dask, distributed"],
+               "repetitions with the temporary server (rows 3-4)": str(len(cold_runs[0]))},
+        checks=["every run exited 0, nothing of it left 10 s later; every stage of conveyor's ran (none restored)",
+                f"both sides wrote {', '.join(WRITTEN)}; the same data/raw rows bit for bit",
+                f"data/processed: the same columns, row counts, stats.json counts and rows (sorted) within "
+                f"{ROW_TOLERANCE:g}; largest difference seen {max(a[0] for a in agree):.2g}",
+                f"every test AUC >= {MIN_AUC} and within {AUC_TOLERANCE} of the other side's; largest difference "
+                f"seen {max(a[1] for a in agree):.4f}", "the plain script imported no conveyor, prefect, dask"],
         notes=[f"goal: conveyor's wall at most {GOAL:g}x the plain script's (ratio column >= {1 / GOAL:.2f}x); "
-               f"measured conveyor / plain (medians of per-repetition quotients): {share:.2f}x with the shared "
-               f"server ({'met' if share <= GOAL else 'NOT met'}), {cold_share:.2f}x with the temporary one "
-               f"({'met' if cold_share <= GOAL else 'NOT met'})",
-               "where conveyor's stages ran (run record, repetition 1): "
-               + ", ".join(f"{n} ({w})" for n, w in cand[0].placement.items()),
+               f"conveyor / plain (medians of per-repetition quotients): {share:.2f}x with the shared server "
+               f"({met(share <= GOAL)}), {cold_share:.2f}x with the temporary one ({met(cold_share <= GOAL)})",
+               "where conveyor's stages ran (run record, repetition 1): " + ", ".join(
+                   f"{n} ({s['profile']}, {(s.get('placement') or 'on its profile').split(':')[0]})"
+                   for n, s in stages.items()),
                f"test AUC (conveyor, repetition 1): xgb {p['xgb']['auc']}, mlp {p['mlp']['auc']}, stack "
                f"{p['stack']['auc']}",
-               f"where conveyor's {median(wall.candidate):.2f} s go (medians, shared server, from its run record): "
-               f"{before:.2f} s before the flow started (interpreter, imports, spec and DVC status, creating the flow "
-               f"run), {flow:.2f} s in the flow, {after:.2f} s after it (closing any Dask cluster, the summary, "
-               f"Prefect draining at exit); within the flow {median([o.flow_gaps for o in cand]):.2f} s with no "
-               f"stage running; critical path {median([o.critical_path_s for o in cand]):.2f} s, sum of stages "
-               f"{median([o.stage_sum_s for o in cand]):.2f} s",
-               "conveyor's stages (median s, shared server; a stage's time includes importing its task module, DVC "
-               "hashing and recording its outs, and starting a Dask cluster where it is the first on one): "
-               + ", ".join(f"{n} {s:.2f}" for n, s in stage_s.items()),
-               f"the plain script's {plain_wall:.2f} s (median): "
-               + ", ".join(f"{n} {s:.2f}" for n, s in step_s.items())
-               + " (from its first import; the rest is the interpreter starting)",
-               f"with the temporary server (rows 3-4): {c_before:.2f} s before the flow, {c_flow:.2f} s in it, "
-               f"{c_after:.2f} s after it (medians): starting and stopping the server on top of the above",
-               f"the shared Prefect server's own process tree held {server_mib:.0f} MiB RSS at the end (not in "
-               "row 2's conveyor figure)"],
+               f"conveyor's time (medians, shared server, run record): {before:.2f} s before the flow, {flow:.2f} s "
+               f"in it ({median([gaps(o.record) for o in cand]):.2f} s with no stage running), {after:.2f} s after; "
+               f"critical path {rec['critical_path_s']:.2f} s, sum of stages {rec['stage_sum_s']:.2f} s",
+               f"conveyor's stages (median s, shared server): {steps(cand)}; the plain script's steps: {steps(base)}",
+               f"with the temporary server: {c_before:.2f} s before the flow, {c_flow:.2f} s in it, {c_after:.2f} s "
+               f"after it (medians)",
+               f"the shared Prefect server's own process tree held {server_mib:.0f} MiB RSS at the end (not in row 2)"],
     )
