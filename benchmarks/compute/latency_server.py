@@ -1,154 +1,94 @@
-"""A local HTTP server on 127.0.0.1, in a process of its own, that answers every request after a fixed latency.
+"""A local HTTP server, a process of its own, that answers every request ``latency_s`` late, as a remote one would.
 
-It plays a remote server (an object store, a web server): it runs in its own process, so
-handling its requests takes no time under the ingest's GIL, and it speaks HTTP/1.1 with
-keep-alive and no Nagle delay, as such servers do (an HTTP/1.0 server costs the client a new
-connection per request; a keep-alive one that lets Nagle hold the body back costs a 40 ms
-delayed ACK per response). ``ThreadingHTTPServer`` handles each connection on its own thread,
-so requests that arrive together wait their latency together: the server is never the
-bottleneck, the client's concurrency is what a benchmark measures. Supports HEAD, GET and
-single byte ranges, and notes when each request arrives (``time.perf_counter``: on Linux the
-system's monotonic clock, the same in every process).
+It takes no time under the client's GIL, keeps connections alive (HTTP/1.1) without Nagle's delay and gives each
+connection a thread (requests that arrive together wait together: the client's concurrency is what is measured).
+It notes when each request arrives (``time.perf_counter``: the system's monotonic clock) in a file the client reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import re
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
-from types import TracebackType
+from pathlib import Path
 from typing import Any
 
-START_TIMEOUT_S = 60.0
+from benchmarks.harness import REPO
 
 
-@dataclass
 class LatencyServer:
     """Serves ``files`` (name -> bytes) at ``http://127.0.0.1:<port>/<name>``, ``latency_s`` late."""
 
-    files: dict[str, bytes]
-    latency_s: float = 0.1
-    _port: int | None = None
-    _process: BaseProcess | None = None
-    _conn: Connection | None = field(default=None, repr=False)
-
-    @property
-    def port(self) -> int:
-        assert self._port is not None, "the server is not started"
-        return self._port
+    def __init__(self, files: dict[str, bytes], latency_s: float = 0.1) -> None:
+        self.files, self.latency_s, self.port = files, latency_s, 0
+        self.root = Path(tempfile.mkdtemp(prefix="conveyor-bench-latency-"))
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/{name}"
 
     def arrivals(self) -> list[tuple[str, float]]:
         """(method, ``time.perf_counter()``) of every request so far, as it reached the server."""
-        assert self._conn is not None, "the server is not started"
-        self._conn.send("arrivals")
-        arrived: list[tuple[str, float]] = self._conn.recv()
-        return arrived
-
-    def served(self) -> int:
-        """Requests served so far."""
-        return len(self.arrivals())
+        lines = (self.root / "arrivals").read_text().split("\n")[:-1]  # whole lines only: each is one write(2)
+        return [(method, float(at)) for method, at in (line.split() for line in lines)]
 
     def __enter__(self) -> LatencyServer:
-        spawn = multiprocessing.get_context("spawn")
-        here, there = spawn.Pipe()
-        self._process = spawn.Process(target=_serve, args=(self.files, self.latency_s, there), daemon=True,
-                                      name="latency-server")
-        self._process.start()
-        there.close()
-        if not here.poll(START_TIMEOUT_S):
-            self._process.kill()
-            raise RuntimeError(f"the latency server did not start within {START_TIMEOUT_S:g} s")
-        self._port, self._conn = here.recv(), here
+        for name, body in self.files.items():
+            (self.root / name).write_bytes(body)
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__, str(self.root), str(self.latency_s)], cwd=REPO,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.port = int(self._proc.stdout.readline() or 0) if self._proc.stdout else 0
+        if not self.port:
+            raise RuntimeError(f"the latency server did not start (exit {self._proc.wait()})")
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(OSError):  # it is gone already
-                self._conn.send("stop")
-            self._conn.close()
-            self._conn = None
-        if self._process is not None:
-            self._process.join(5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-            self._process = None
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.communicate(timeout=10)  # its stdin closed: it exits
+        self._proc.kill()
+        self._proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _serve(files: dict[str, bytes], latency_s: float, conn: Connection) -> None:
-    """The server process: serve until the parent says stop or goes away."""
-    arrivals: list[tuple[str, float]] = []
-    lock = threading.Lock()
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses its connections
+    disable_nagle_algorithm = True  # a response's body goes out with its headers
+    files: dict[str, bytes] = {}  # noqa: RUF012 - set once, before serving
+    latency_s, log = 0.0, 0
 
-    def arrive(method: str) -> None:
-        with lock:
-            arrivals.append((method, time.perf_counter()))
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
-    server = _Server(("127.0.0.1", 0), _handler(files, latency_s, arrive))
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                     name="latency-server").start()
-    conn.send(int(server.server_address[1]))
-    try:
-        while conn.recv() == "arrivals":
-            with lock:
-                conn.send(list(arrivals))
-    except EOFError:
-        pass  # the parent is gone
-    finally:
-        server.shutdown()
-        server.server_close()
+    def do_GET(self) -> None:
+        os.write(self.log, f"{self.command} {time.perf_counter()!r}\n".encode())  # O_APPEND: one line, whole
+        time.sleep(self.latency_s)
+        data = self.files.get(self.path.lstrip("/"))
+        if data is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        for key, value in (("Content-Type", "text/csv"), ("Content-Length", str(len(data)))):
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(data)
 
-
-class _Server(ThreadingHTTPServer):
-    # listen() backlog: the default of 5 drops some of 8+ simultaneous connects, and the
-    # client's SYN retransmit then adds a whole second to a request.
-    request_queue_size = 128
-    daemon_threads = True
+    do_HEAD = do_GET
 
 
-def _handler(files: dict[str, bytes], latency_s: float, arrive: Callable[[str], None]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: the client reuses its connections
-        disable_nagle_algorithm = True  # a response's body goes out with its headers
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def do_HEAD(self) -> None:
-            self._serve(body=False)
-
-        def do_GET(self) -> None:
-            self._serve(body=True)
-
-        def _serve(self, *, body: bool) -> None:
-            arrive(self.command)
-            time.sleep(latency_s)
-            data = files.get(self.path.lstrip("/"))
-            if data is None:
-                self.send_error(404)
-                return
-            start, end = 0, len(data)
-            match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-            if match:
-                start, end = int(match[1]), min(len(data), int(match[2] or len(data) - 1) + 1)
-            self.send_response(206 if match else 200)
-            if match:
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
-            self.send_header("Content-Type", "text/csv")
-            self.send_header("Content-Length", str(end - start))
-            self.send_header("Accept-Ranges", "bytes")
-            self.end_headers()
-            if body:
-                self.wfile.write(data[start:end])
-
-    return Handler
+if __name__ == "__main__":  # ``python -m benchmarks.compute.latency_server ROOT LATENCY_S``: serve ROOT's files
+    root, _Handler.latency_s = Path(sys.argv[1]), float(sys.argv[2])
+    _Handler.files = {path.name: path.read_bytes() for path in root.iterdir()}
+    _Handler.log = os.open(root / "arrivals", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+    server.daemon_threads, server.request_queue_size = True, 128  # the default 5 drops some of 8+ connects: 1 s lost
+    server.server_bind()
+    server.server_activate()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    print(server.server_address[1], flush=True)
+    sys.stdin.read()  # until the client closes it, or is gone
