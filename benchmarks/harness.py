@@ -6,11 +6,14 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,6 +139,16 @@ def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[
         for step in (run_baseline, run_candidate) if i % 2 == 0 else (run_candidate, run_baseline):
             step(i)
     return base, cand
+
+
+@contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A temporary folder ``conveyor-bench-<name>-*`` for one benchmark's projects, removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix=f"conveyor-bench-{name}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def timed(fn: Callable[[], T]) -> tuple[float, T]:

@@ -177,8 +177,9 @@ class SideRun:
     report: dict[str, Any]
 
 
-def run_side(args: Sequence[str], side: str) -> SideRun:
-    """``args`` (a ``python -c`` side or a plain script) in the repository, timed and sampled."""
-    done = timed_cli(args, REPO, repo_env(), memory=True)
+def run_side(args: Sequence[str], side: str, env: Mapping[str, str] | None = None) -> SideRun:
+    """``args`` (a ``python -c`` side or a plain script) in the repository (``env``: else :func:`repo_env`),
+    timed and sampled."""
+    done = timed_cli(args, REPO, repo_env() if env is None else env, memory=True)
     report = side_report(done.stdout, side)
     return SideRun(float(report["seconds"]), done.seconds, done.peak_mib, report)

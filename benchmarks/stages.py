@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 
 def context(stage: str, root: Path, *, params: Mapping[str, Any], deps: Mapping[str, Path] | None = None,
             outs: Mapping[str, Path] | None = None, client: Client | None = None, executor: Executor | None = None,
-            n_workers: int = 1) -> StageContext:
+            n_workers: int = 1, metrics: Mapping[str, Path] | None = None) -> StageContext:
     """The StageContext the runner would build (``outs`` map declared paths to where to write)."""
-    return StageContext(stage=stage, params=dict(params), deps=dict(deps or {}), outs=dict(outs or {}), metrics={},
-                        root=root, log=logging.getLogger(f"benchmarks.{stage}"), client=client, executor=executor,
-                        n_workers=n_workers)
+    return StageContext(stage=stage, params=dict(params), deps=dict(deps or {}), outs=dict(outs or {}),
+                        metrics=dict(metrics or {}), root=root, log=logging.getLogger(f"benchmarks.{stage}"),
+                        client=client, executor=executor, n_workers=n_workers)
 
 
 def current(client: Client | None) -> Any:
