@@ -1,10 +1,6 @@
-"""Whole commands timed by hyperfine (``--export-json``), with their process tree's memory from psutil.
-
-hyperfine (https://github.com/sharkdp/hyperfine; ``apt-get install hyperfine``,
-``brew install hyperfine`` or ``cargo install hyperfine``) times each command without a shell
-(``-N``): from its start to its exit, as the user waits for it. The project keeps the
-interleaving (one hyperfine call per repetition, the sides' order alternating, see
-:func:`benchmarks.harness.interleaved`) because a shared machine's load drifts over minutes.
+"""Whole commands timed by hyperfine (``--export-json``, no shell: ``-N``), with their process tree's memory
+from psutil. hyperfine: https://github.com/sharkdp/hyperfine (``apt-get install hyperfine``, ``brew install
+hyperfine``). The sides alternate over repetitions (:func:`alternating`): a shared machine's load drifts.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ INSTALL = "hyperfine is not installed: apt-get install hyperfine (or brew/cargo 
 
 @dataclass(frozen=True)
 class Timed:
-    """One run of a command: hyperfine's seconds, its stdout, the peak summed RSS of its tree (MiB), and
-    whether processes of its group outlived it by 10 s (they were killed)."""
+    """One run: hyperfine's seconds, its stdout, its tree's peak RSS (MiB), whether its group outlived it by 10 s."""
 
     seconds: float
     stdout: str

@@ -33,7 +33,6 @@ class CheckFailed(AssertionError):
 
 
 def check(condition: bool, message: str) -> None:
-    """Raise :class:`CheckFailed` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise CheckFailed(message)
 
@@ -70,11 +69,8 @@ class Config:
 
 @dataclass
 class Metric:
-    """One measured quantity, one value per repetition on each side.
-
-    ``ratio`` says which way round the ratio is taken so that above 1 means "the candidate
-    is better": ``baseline/candidate`` for times, ``candidate/baseline`` for rates.
-    """
+    """One measured quantity, one value per repetition on each side; ``ratio`` is taken so that above 1
+    means "the candidate is better" (``baseline/candidate`` for times, ``candidate/baseline`` for rates)."""
 
     label: str
     baseline: list[float] = field(default_factory=list)
@@ -103,7 +99,7 @@ def met(ok: bool) -> str:
 
 @dataclass
 class Result:
-    """What one benchmark reports."""
+    """What one benchmark reports (``seconds``, ``load``, ``pressure`` and ``about`` are filled in by ``__main__``)."""
 
     name: str
     description: str
@@ -111,8 +107,8 @@ class Result:
     candidate: str
     repeats: int
     metrics: list[Metric]
-    setup: dict[str, str] = field(default_factory=dict)  # sizes and knobs, for the record
-    checks: list[str] = field(default_factory=list)  # what was verified before reporting
+    setup: dict[str, str] = field(default_factory=dict)  # what was measured or chosen at run time
+    checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     load: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None  # loadavg before/after
@@ -122,22 +118,16 @@ class Result:
 
 def interleaved(repeats: int, baseline: Callable[[int], T], candidate: Callable[[int], U],
                 log: Callable[[str], None] = lambda _line: None) -> tuple[list[T], list[U]]:
-    """``repeats`` runs of each side, interleaved: B C, then C B, then B C... so that a drift
-    of the machine's load over time hits both sides alike. Each callable gets the repetition."""
+    """``repeats`` runs of each side, B C, then C B...: a drift of the machine's load hits both sides alike."""
     base: list[T] = []
     cand: list[U] = []
-
-    def run_baseline(i: int) -> None:
-        base.append(baseline(i))
-        log(f"  repetition {i + 1}/{repeats} baseline: done")
-
-    def run_candidate(i: int) -> None:
-        cand.append(candidate(i))
-        log(f"  repetition {i + 1}/{repeats} candidate: done")
-
     for i in range(repeats):
-        for step in (run_baseline, run_candidate) if i % 2 == 0 else (run_candidate, run_baseline):
-            step(i)
+        for side in ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline"):
+            if side == "baseline":
+                base.append(baseline(i))
+            else:
+                cand.append(candidate(i))
+            log(f"  repetition {i + 1}/{repeats} {side}: done")
     return base, cand
 
 
@@ -158,87 +148,54 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - started, value
 
 
-# --- the table ------------------------------------------------------------------------
-
-
-def _fmt(value: float, digits: int) -> str:
-    return f"{value:.{digits}f}"
-
-
 def table(result: Result) -> str:
-    """The result as a fixed-width table: per metric the medians of both sides, the median
-    of the per-repetition ratios and their min/max."""
+    """Per metric: the medians of both sides, the median of the per-repetition ratios and their min/max."""
     header = ("benchmark", "metric", "baseline (median)", "candidate (median)", "ratio (median)", "ratio min/max",
               "N")
-    rows: list[tuple[str, ...]] = []
-    for metric in result.metrics:
-        ratios = metric.ratios()
-        rows.append((result.name, metric.label, _fmt(statistics.median(metric.baseline), metric.digits),
-                     _fmt(statistics.median(metric.candidate), metric.digits),
-                     f"{statistics.median(ratios):.2f}x", f"{min(ratios):.2f}x / {max(ratios):.2f}x",
-                     str(len(ratios))))
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
-                                                                                                  strict=True)))
-             for row in (header, *rows)]
+    rows = [header]
+    for m in result.metrics:
+        ratios = m.ratios()
+        rows.append((result.name, m.label, f"{median(m.baseline):.{m.digits}f}", f"{median(m.candidate):.{m.digits}f}",
+                     f"{median(ratios):.2f}x", f"{min(ratios):.2f}x / {max(ratios):.2f}x", str(len(ratios))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def raw_values(result: Result) -> str:
-    """Every repetition's values, in the order they were taken (for a reader who distrusts medians)."""
-    lines = []
-    for metric in result.metrics:
-        base = ", ".join(_fmt(v, metric.digits) for v in metric.baseline)
-        cand = ", ".join(_fmt(v, metric.digits) for v in metric.candidate)
-        ratios = ", ".join(f"{r:.2f}" for r in metric.ratios())
-        lines.append(f"  {metric.label}:\n    baseline  [{base}]\n    candidate [{cand}]\n    ratio ({metric.ratio}) "
-                     f"[{ratios}]")
     return "\n".join(lines)
 
 
 def report(result: Result, machine: str) -> str:
     """The whole text of a result file."""
-    parts = [
-        f"# {result.name}: {result.description}",
-        "",
-        f"baseline:  {result.baseline}",
-        f"candidate: {result.candidate}",
-        f"repetitions: {result.repeats}, interleaved (B C, C B, ...); ratio > 1 means the candidate is better",
-        "",
-        table(result),
-        "",
-        "setup:",
-        *(f"  {key}: {value}" for key, value in result.setup.items()),
-        "checked before reporting:",
-        *(f"  - {line}" for line in result.checks),
-    ]
-    if result.notes:
-        parts += ["notes:", *(f"  - {line}" for line in result.notes)]
-    if result.about:
-        parts += ["how (the benchmark's docstring):", *(f"  {line}".rstrip() for line in result.about.splitlines())]
-    parts += ["per repetition:", raw_values(result)]
-    if result.load is not None:
-        before, after = result.load
-        parts.append(f"load average (1/5/15 min) before: {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}, "
-                     f"after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
-    if result.pressure is not None:
+    r = result
+    parts = [f"# {r.name}: {r.description}", "", f"baseline:  {r.baseline}", f"candidate: {r.candidate}",
+             f"repetitions: {r.repeats}, interleaved (B C, C B, ...); ratio > 1 means the candidate is better", "",
+             table(r), "", "setup:", *(f"  {key}: {value}" for key, value in r.setup.items())]
+    if r.checks:
+        parts += ["checked before reporting:", *(f"  - {line}" for line in r.checks)]
+    if r.notes:
+        parts += ["notes:", *(f"  - {line}" for line in r.notes)]
+    if r.about:
+        parts += ["how (the benchmark's docstring):", *(f"  {line}".rstrip() for line in r.about.splitlines())]
+    parts.append("per repetition:")
+    for m in r.metrics:
+        values = {side: ", ".join(f"{v:.{m.digits}f}" for v in getattr(m, side)) for side in ("baseline", "candidate")}
+        parts.append(f"  {m.label}:\n    baseline  [{values['baseline']}]\n    candidate [{values['candidate']}]\n"
+                     f"    ratio ({m.ratio}) [{', '.join(f'{x:.2f}' for x in m.ratios())}]")
+    if r.load is not None:
+        parts.append("load average (1/5/15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} {:.2f}".format(
+            *r.load[0], *r.load[1]))
+    if r.pressure is not None:
         parts.append(f"CPU pressure (/proc/pressure/cpu, share of time some task waited for a CPU) before: "
-                     f"{result.pressure[0]}, after: {result.pressure[1]}")
-    parts += [f"benchmark took {result.seconds:.0f} s", "", "machine:", machine, ""]
-    return "\n".join(parts)
+                     f"{r.pressure[0]}, after: {r.pressure[1]}")
+    return "\n".join([*parts, f"benchmark took {r.seconds:.0f} s", "", "machine:", machine, ""])
 
 
 def write_result(result: Result, machine: str, *, quick: bool) -> Path:
     """``benchmarks/results/<name>-<date>.txt`` (``-quick`` for ``--quick`` runs); overwrites that day's."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "-quick" if quick else ""
-    path = RESULTS / f"{result.name}-{datetime.now(UTC):%Y-%m-%d}{suffix}.txt"
+    path = RESULTS / f"{result.name}-{datetime.now(UTC):%Y-%m-%d}{'-quick' if quick else ''}.txt"
     path.write_text(report(result, machine), encoding="utf-8")
     return path
-
-
-# --- the machine ----------------------------------------------------------------------
 
 
 def cpu_pressure() -> str:
@@ -251,50 +208,36 @@ def cpu_pressure() -> str:
     return f"avg10 {fields.get('avg10', '?')}%, avg60 {fields.get('avg60', '?')}%"
 
 
-def _cpu_model() -> str:
+def _git(*args: str) -> str | None:
+    """A read-only git query's output in the repository; None where it fails (no git, not a clone)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
-    """A read-only git query in the repository; None where git is unavailable."""
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _revision() -> str:
-    head = _git("rev-parse", "--short", "HEAD")
-    if head is None or head.returncode != 0:
-        return "unknown"
-    dirty = _git("diff-index", "--quiet", "HEAD", "--")
-    return head.stdout.strip() + (" (with uncommitted changes)" if dirty is not None and dirty.returncode else "")
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def machine() -> str:
     """The machine and software the numbers were taken on."""
     import psutil
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    cpu = next((line.partition(":")[2].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+               platform.processor() or "unknown")
+    head = _git("rev-parse", "--short", "HEAD")
+    dirty = head is not None and _git("diff-index", "--quiet", "HEAD", "--") is None
     return "\n".join([
-        f"  cpu: {_cpu_model()}; {os.cpu_count()} logical cores ({affinity} usable by this process)",
+        f"  cpu: {cpu}; {os.cpu_count()} logical cores ({len(os.sched_getaffinity(0))} usable by this process)",
         f"  memory: {psutil.virtual_memory().total / 2**30:.1f} GiB",
         f"  os: {platform.platform()}",
         f"  python: {sys.version.split()[0]} ({platform.python_implementation()}) at {sys.executable}",
-        f"  packages: {versions}",
-        f"  conveyor revision: {_revision()}",
+        f"  packages: {', '.join(f'{name} {version(name)}' for name in PACKAGES)}",
+        f"  conveyor revision: {head or 'unknown'}{' (with uncommitted changes)' if dirty else ''}",
         f"  taken: {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
     ])

@@ -17,6 +17,7 @@ from benchmarks.harness import check
 from conveyor.cli.warm_runner import Runner, runners
 
 MIB = 2**20
+GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 
 def tree_rss(pid: int, *, root: bool = True) -> dict[int, int]:
@@ -28,15 +29,14 @@ def tree_rss(pid: int, *, root: bool = True) -> dict[int, int]:
         return {}
     sizes: dict[int, int] = {}
     for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        with contextlib.suppress(*GONE):
             sizes[proc.pid] = proc.memory_info().rss
     return sizes
 
 
 class Sampler:
-    """Calls ``on_sample(tree_rss(pid))`` every ``period_s`` on a thread until closed; keeps the
-    largest summed RSS in ``peak``. ``root=False`` leaves ``pid`` itself out (a timer such as
-    hyperfine wrapping the measured command)."""
+    """``on_sample(tree_rss(pid))`` every ``period_s`` on a thread until closed, the largest sum in ``peak``;
+    ``root=False`` leaves ``pid`` itself out (a timer such as hyperfine wrapping the measured command)."""
 
     def __init__(self, pid: int, period_s: float = 0.1, *, root: bool = True,
                  on_sample: Callable[[dict[int, int]], None] = lambda _sizes: None) -> None:
@@ -76,51 +76,34 @@ def stop_group(pgid: int, grace_s: float) -> bool:
         time.sleep(0.2)
 
 
-def with_env(name: str, value: str) -> list[psutil.Process]:
-    """Every process of this user whose environment has ``name=value`` (a run's PREFECT_HOME)."""
+def with_prefect_home(home: Path) -> list[psutil.Process]:
+    """Every process of this user whose environment has ``PREFECT_HOME=home`` (a run's own)."""
     found = []
     for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            if proc.environ().get(name) == value:
+        with contextlib.suppress(*GONE, OSError):
+            if proc.pid != os.getpid() and proc.environ().get("PREFECT_HOME") == str(home):
                 found.append(proc)
     return found
-
-
-def with_prefect_home(home: Path) -> list[psutil.Process]:
-    return with_env("PREFECT_HOME", str(home))
-
-
-def leftovers(home: Path, grace_s: float = 10) -> list[int]:
-    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (a run's own
-    server that outlived it); they are killed (they are this benchmark's) so as not to load the next run.
-    The Prefect server conveyor keeps between runs is meant to outlive them: it is stopped too, but
-    not reported (``stop_kept`` ends it where a benchmark keeps it for the runs that follow)."""
-    found = [proc for proc in with_prefect_home(home) if not _kept(proc)]
-    _gone, alive = psutil.wait_procs(found, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    stop_kept(home)
-    return [proc.pid for proc in alive]
-
-
-def stop_kept(home: Path) -> None:
-    """End the Prefect server and the warm runners conveyor kept for ``home`` (its runs are over)."""
-    for proc in with_prefect_home(home):
-        if _kept(proc):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
 
 
 def _kept(proc: psutil.Process) -> bool:
     """The kept Prefect server, or a warm runner (conveyor.cli.warm): meant to outlive the runs."""
     try:
         line = proc.cmdline()
-        return "conveyor.prefect.keeper" in line or any("conveyor.cli.warm_runner" in part for part in line)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+    except GONE:
         return False
+    return "conveyor.prefect.keeper" in line or any("conveyor.cli.warm_runner" in part for part in line)
+
+
+def leftovers(home: Path, grace_s: float = 10) -> list[int]:
+    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (killed, so as not to load
+    the next run). The server and warm runners conveyor keeps are meant to outlive runs: ended, not reported."""
+    procs = with_prefect_home(home)
+    _gone, alive = psutil.wait_procs([p for p in procs if not _kept(p)], timeout=grace_s)
+    for proc in [*alive, *filter(_kept, procs)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    return [proc.pid for proc in alive]
 
 
 def rss_mib(procs: list[psutil.Process]) -> float:
@@ -139,5 +122,3 @@ def wait_warm(home: Path, deadline_s: float = 60) -> Runner:
         check(time.monotonic() < deadline, f"no warm runner served {deadline_s:.0f} s after the first run")
         time.sleep(0.05)
     return found[0]
-
-

@@ -1,6 +1,4 @@
-"""What the benchmarks share: throwaway projects and repositories, the conveyor command line
-run in them with or without a Prefect server, run records, and the processes a run left.
-"""
+"""Throwaway projects and repositories, commands run in them with or without a Prefect server, run records."""
 
 from __future__ import annotations
 
@@ -38,12 +36,11 @@ def chain_text(k: int) -> str:
 
 
 def base_env() -> dict[str, str]:
-    """This environment, with this interpreter's bin folder (conveyor, dvc, python) first on PATH, writing bytecode."""
+    """This environment, this interpreter's bin folder (conveyor, dvc, python) first on PATH, writing bytecode as
+    a user's Python does (with PYTHONDONTWRITEBYTECODE set every run would compile conveyor anew)."""
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
            "COLUMNS": "160"}
-    # bytecode written as on a user's machine (pip compiles what it installs; an editable install's
-    # first import writes it): with PYTHONDONTWRITEBYTECODE set, every run would compile conveyor anew
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
@@ -168,8 +165,7 @@ def phases_note(what: str, runs: Sequence[tuple[float, float, float]]) -> str:
 
 @dataclass
 class SideRun:
-    """One fresh process of a benchmark's side: the work as timed inside it, the process's wall
-    (hyperfine), its tree's peak RSS (psutil) and the JSON report it printed last."""
+    """A side's process: the work's seconds as it timed them, hyperfine's wall, peak RSS, its JSON report."""
 
     seconds: float
     wall: float
