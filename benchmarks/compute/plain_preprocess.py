@@ -1,11 +1,8 @@
 """The peer of the preprocess stage a user would write: its steps in one pandas process, no dask, no conveyor.
 
-``plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``: every parquet part under RAW
-in one frame, ``tasks.preprocess``'s own helpers on it, ``OUT/{train,valid,test}/part-00000.parquet`` and
-``OUT/stats.json`` written; one JSON line: ``seconds`` (first read to stats.json), ``imports``, ``forbidden``.
+``plain_preprocess.py RAW OUT [--label L] [--valid F] [--test F] [--seed S]``: ``OUT/<split>/part-00000.parquet``,
+``OUT/stats.json``; one JSON line: ``seconds``, ``imports``, ``rows``, ``forbidden``.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -34,7 +31,7 @@ IMPORTED = time.perf_counter()
 FORBIDDEN = ("dask", "distributed", "conveyor", "prefect")
 
 
-class Split(NamedTuple):  # a frame split and standardised: rows, split codes, train statistics, rows per split/class
+class Split(NamedTuple):  # rows standardised, split codes, train statistics, rows per split/class
     rows: pa.Table
     codes: npt.NDArray[np.int8]
     stats: ColumnStats
@@ -44,11 +41,10 @@ class Split(NamedTuple):  # a frame split and standardised: rows, split codes, t
 def split_frame(frame: pd.DataFrame, *, label: str, seed: int, fractions: splitting.Fractions, source: str) -> Split:
     """The stage's steps on one cleaned frame, each once: exact stratified split, train statistics, standardising."""
     features = [column for column in frame.columns if column != label]
-    keys = splitting.split_keys(frame, seed)
-    histogram = splitting.key_histogram(frame[label].to_numpy(), keys)
+    keys, labels = splitting.split_keys(frame, seed), frame[label].to_numpy()
+    histogram = splitting.key_histogram(labels, keys)
     inputs.check_classes(list(histogram), label, source)
-    cuts = splitting.cut_points(histogram, fractions)
-    limits = splitting.thresholds(cuts, frame[label].to_numpy(), keys, splitting.key_bins(keys))
+    limits = splitting.thresholds(splitting.cut_points(histogram, fractions), labels, keys, splitting.key_bins(keys))
     codes = splitting.split_codes(frame[label], keys, limits)
     stats = Moments.of(frame.loc[codes == splitting.TRAIN, features].to_numpy(np.float64)).stats(features)
     return Split(prep.standardised_table(frame, features, stats.mean, stats.std), codes, stats,
@@ -59,28 +55,25 @@ def preprocess(raw: Path, out: Path, *, label: str = "target", valid: float = 0.
                seed: int = 42) -> dict[str, Any]:
     """The preprocess stage's steps on one pandas frame; the stats.json it wrote."""
     fractions = splitting.Fractions(valid=valid, test=test)
-    # clean() and inputs.check_columns() read only .columns/.dtypes/.dropna/.astype: pandas has them all
     frame = cast(pd.DataFrame, prep.clean(cast(Any, pd.read_parquet(raw)), label, source=str(raw)))
     split = split_frame(frame, label=label, seed=seed, fractions=fractions, source=str(raw))
     for name in splitting.SPLITS:
         (out / name).mkdir(parents=True, exist_ok=True)
     prep.write_split_parts(split.rows, split.codes, out, "part-00000.parquet", label)
-    features = [column for column in frame.columns if column != label]
-    summary = prep._summary(label, features, seed, fractions, split.stats, split.class_counts)
+    summary = prep._summary(label, [c for c in frame.columns if c != label], seed, fractions, split.stats,
+                            split.class_counts)
     write_json(out / "stats.json", summary)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="plain_preprocess.py", description=__doc__.splitlines()[0])
-    parser.add_argument("raw", type=Path)
-    parser.add_argument("out", type=Path)
-    for flag, default in (("--label", "target"), ("--valid", 0.15), ("--test", 0.2), ("--seed", 42)):
+    for flag, default in (("raw", Path()), ("out", Path()), ("--label", "target"), ("--valid", 0.15),
+                          ("--test", 0.2), ("--seed", 42)):
         parser.add_argument(flag, type=type(default), default=default)
-    args = parser.parse_args(argv)
-    seconds, summary = time.perf_counter(), preprocess(args.raw, args.out, label=args.label, valid=args.valid,
-                                                      test=args.test, seed=args.seed)
-    print(json.dumps({"seconds": time.perf_counter() - seconds, "imports": IMPORTED - STARTED, "rows": summary["rows"],
+    a, began = parser.parse_args(argv), time.perf_counter()
+    summary = preprocess(a.raw, a.out, label=a.label, valid=a.valid, test=a.test, seed=a.seed)
+    print(json.dumps({"seconds": time.perf_counter() - began, "imports": IMPORTED - STARTED, "rows": summary["rows"],
                       "forbidden": sorted(m for m in FORBIDDEN if m in sys.modules)}), flush=True)
     return 0
 
