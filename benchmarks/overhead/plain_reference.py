@@ -1,12 +1,9 @@
 """The reference pipeline's work as one plain script: no orchestrator, no Dask, one process.
 
-``python benchmarks/overhead/plain_reference.py OUTDIR [--project DIR]``: ``configs/pipeline.yaml``'s work with
-the same libraries, ``DIR``'s params.yaml (default: this repository) and the project's own pandas and torch
-helpers, ``xgb.train`` with ``nthread=2``; the pipeline's outputs under OUTDIR, and ``timings.json``: seconds
-per step and which of conveyor, prefect, dask, distributed it imported (none).
+``plain_reference.py OUTDIR [--project DIR]``: ``configs/pipeline.yaml``'s work with DIR's params.yaml (default: this
+repository) and its own pandas and torch helpers, ``xgb.train`` with ``nthread=2``; the outputs under OUTDIR, and
+``timings.json``: its seconds and which of conveyor, prefect, dask, distributed it imported (none).
 """
-
-from __future__ import annotations
 
 import argparse
 import importlib.resources
@@ -30,26 +27,12 @@ FORBIDDEN = ("conveyor", "prefect", "dask", "distributed")
 DIGITS = 6  # as tasks/train.py rounds its metrics
 
 
-SILENT = SimpleNamespace(start=lambda *_a, **_k: None, advance=lambda *_a: None)  # tasks.mlp.fit's progress: none
-
-
-def local(url: str) -> str:
-    """A ``file://`` source of params.yaml as a local path, ``{package:NAME}`` expanded."""
-    url = re.sub(r"\{package:([A-Za-z0-9_.]+)\}", lambda m: str(importlib.resources.files(m.group(1))), url)
-    if "://" in url and not url.startswith("file://"):
-        raise SystemExit(f"plain_reference: only local sources are supported, got {url}")
-    return url.removeprefix("file://")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("outdir", type=Path, help="where to write data/, models/, metrics/, plots/ (new or empty)")
-    parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[2],
-                        help="the project whose params.yaml and tasks/ to use (default: this repository)")
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[2])
     args = parser.parse_args(argv)
     out, project = args.outdir.resolve(), args.project.resolve()
-    if out.exists() and any(out.iterdir()):
-        parser.error(f"{out} is not empty")
     sys.path.insert(0, str(project))
     from benchmarks.compute.plain_preprocess import split_frame  # the project's own helpers: no conveyor, no dask
     from tasks import mlp, models
@@ -57,85 +40,62 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.evaluate import plot_roc, score
     from tasks.files import write_json
     from tasks.split import SPLITS, Fractions
-
-    marks = [("imports", time.perf_counter())]
     params: dict[str, Any] = yaml.safe_load((project / "params.yaml").read_text())
     seed, ingest, pre, train = int(params["seed"]), params["ingest"], params["preprocess"], params["train"]
     label = str(pre["label"])
     for folder in ("data/raw", *(f"data/processed/{name}" for name in SPLITS), "models", "metrics", "plots"):
         (out / folder).mkdir(parents=True)
-
-    raw = pd.concat([pd.read_csv(local(str(url)), header=None, names=list(ingest["columns"]), dtype=ingest["dtype"],
-                                 skiprows=int(ingest["skip_rows"])) for url in ingest["sources"]], ignore_index=True)
+    sources = [re.sub(r"\{package:([A-Za-z0-9_.]+)\}", lambda m: str(importlib.resources.files(m.group(1))), str(url))
+               .removeprefix("file://") for url in ingest["sources"]]  # {package:NAME} expanded, local files only
+    raw = pd.concat([pd.read_csv(source, header=None, names=list(ingest["columns"]), dtype=ingest["dtype"],
+                                 skiprows=int(ingest["skip_rows"])) for source in sources], ignore_index=True)
     raw.to_parquet(out / "data/raw/part-00000.parquet", index=False)
-    marks.append(("ingest", time.perf_counter()))
-
     fractions = Fractions(valid=float(pre["valid_fraction"]), test=float(pre["test_fraction"]))
-    frame = raw.dropna(subset=[label])
-    if pd.api.types.is_float_dtype(frame[label].dtype):
-        frame = frame.astype({label: "int64"})
+    frame = cast(pd.DataFrame, prep.clean(cast(Any, raw), label))
     split = split_frame(frame, label=label, seed=seed, fractions=fractions, source="data/raw")
     prep.write_split_parts(split.rows, split.codes, out / "data/processed", "part-00000.parquet", label)
-    write_json(out / "data/processed/stats.json", prep._summary(label, [c for c in frame.columns if c != label], seed,
-                                                                fractions, split.stats, split.class_counts))
+    features = [column for column in frame.columns if column != label]
+    write_json(out / "data/processed/stats.json",
+               prep._summary(label, features, seed, fractions, split.stats, split.class_counts))
     rows = split.rows.to_pandas()
-    features = [column for column in rows.columns if column != label]
     parts = {name: models.Split(rows[split.codes == code][features], rows[split.codes == code][label]
                                 .to_numpy(dtype=np.int64)) for code, name in enumerate(SPLITS)}
-    marks.append(("preprocess", time.perf_counter()))
-
     xp, history = train["xgb"], cast(dict[str, Any], {})
     dmatrix = {name: xgb.DMatrix(parts[name].features, label=parts[name].label) for name in ("train", "valid")}
     booster = xgb.train({**xp.get("booster", {}), "objective": "binary:logistic", "eval_metric": "logloss",
-                         "device": "cpu", "seed": seed, "nthread": 2}, dmatrix["train"],
+                         "device": "cpu", "seed": seed, "nthread": 2}, dmatrix["train"], verbose_eval=False,
                         num_boost_round=int(xp["num_boost_round"]), evals=[(dmatrix["valid"], "valid")],
-                        early_stopping_rounds=int(xp["early_stopping_rounds"]), evals_result=history,
-                        verbose_eval=False)
-    best = int(booster.best_iteration)
+                        early_stopping_rounds=int(xp["early_stopping_rounds"]), evals_result=history)
+    best, losses = int(booster.best_iteration), history["valid"]["logloss"]
     booster = booster[: best + 1]
     models.save_xgb(out / "models/xgb.json", booster)
-    losses = history["valid"]["logloss"]
-    write_json(out / "metrics/train_xgb.json", {"best_iteration": best,
-                                                "best_valid_logloss": round(float(losses[best]), DIGITS),
-                                                "rounds": len(losses), "n_workers": 1, "device": "cpu"})
-    marks.append(("train_xgb", time.perf_counter()))
-
-    mp = mlp.MlpParams.from_params(train["mlp"])
+    write_json(out / "metrics/train_xgb.json", {"best_iteration": best, "best_valid_logloss": round(
+        float(losses[best]), DIGITS), "rounds": len(losses), "n_workers": 1, "device": "cpu"})
+    sizes = [len(features), *(mp := mlp.MlpParams.from_params(train["mlp"])).hidden, 1]
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)
-    sizes = [len(features), *mp.hidden, 1]
     net = models.build_mlp(sizes)
-    fit = mlp.fit(net, mlp.tensors(parts["train"]), mlp.tensors(parts["valid"]), mp, cast(Any, SILENT))
+    silent = SimpleNamespace(start=lambda *_a, **_k: None, advance=lambda *_a: None)  # no progress bar
+    fit = mlp.fit(net, mlp.tensors(parts["train"]), mlp.tensors(parts["valid"]), mp, cast(Any, silent))
     net.load_state_dict(fit.state)
     models.save_mlp(out / "models/mlp.pt", net, sizes, features)
-    write_json(out / "metrics/train_mlp.json", {"epochs": fit.epochs, "best_epoch": fit.best_epoch,
-                                                "initial_valid_loss": round(fit.initial_valid_loss, DIGITS),
-                                                "best_valid_loss": round(fit.best_valid_loss, DIGITS)})
-    marks.append(("train_mlp", time.perf_counter()))
-
+    write_json(out / "metrics/train_mlp.json", {"epochs": fit.epochs, "best_epoch": fit.best_epoch, **{
+        f"{k}_valid_loss": round(getattr(fit, f"{k}_valid_loss"), DIGITS) for k in ("initial", "best")}})
     def base(part: models.Split) -> Any:  # one column per base model (xgb, mlp): P(label = 1)
         return np.column_stack([models.xgb_probabilities(booster, part.features),
                                 models.mlp_probabilities(net.eval(), features, part.features)])
-
-    c = float(train["stack"]["C"])
-    stack = LogisticRegression(C=c, random_state=seed).fit(models.stack_inputs(base(parts["valid"])),
-                                                           parts["valid"].label)
+    c, valid = float(train["stack"]["C"]), parts["valid"]
+    stack = LogisticRegression(C=c, random_state=seed).fit(models.stack_inputs(base(valid)), valid.label)
     models.save_stack(out / "models/stack.json", [float(w) for w in stack.coef_[0]], float(stack.intercept_[0]),
-                      {"C": c, "fitted_on": "valid", "rows": len(parts["valid"].label)})
-    marks.append(("stack", time.perf_counter()))
-
-    test, threshold = parts["test"], float(params["evaluate"]["threshold"])
-    test_base = base(test)
+                      {"C": c, "fitted_on": "valid", "rows": len(valid.label)})
+    test, test_base = parts["test"], base(parts["test"])
     probabilities = {"xgb": test_base[:, 0], "mlp": test_base[:, 1],
                      "stack": np.asarray(stack.predict_proba(models.stack_inputs(test_base))[:, 1], dtype=np.float64)}
-    write_json(out / "metrics/test.json", {name: score(test.label, p, threshold=threshold)
+    write_json(out / "metrics/test.json", {name: score(test.label, p, threshold=float(params["evaluate"]["threshold"]))
                                            for name, p in probabilities.items()})
     plot_roc(out / "plots/roc.png", test.label, probabilities)
-    marks.append(("evaluate", time.perf_counter()))
-    steps = {step: t - (marks[i - 1][1] if i else STARTED) for i, (step, t) in enumerate(marks)}
-    write_json(out / "timings.json", {"steps_s": steps, "total_s": time.perf_counter() - STARTED,
-                                      "forbidden_modules_loaded": sorted(n for n in sys.modules
-                                                                         if n.split(".")[0] in FORBIDDEN)})
+    write_json(out / "timings.json", {"total_s": time.perf_counter() - STARTED, "forbidden_modules_loaded": sorted(
+        n for n in sys.modules if n.split(".")[0] in FORBIDDEN)})
     return 0
 
 
