@@ -1,24 +1,14 @@
 """sweep: a 4-item matrix, `conveyor run` vs `dvc repro` of the dvc.yaml compiled from it.
 
-The spec's ``fit`` stage is a ``matrix: {model: [lin, tree], depth: [2, 4]}`` of ``cmd`` items ``on`` a dask
-profile of 2 single-threaded workers; each item fits a least-squares model by gradient descent in pure
-Python for a fixed number of steps (about 9 s of a core; 1 s with ``--quick``). `conveyor compile` writes
-the DVC ``matrix:`` stage `dvc repro` runs an item after another; `conveyor run` runs one per worker. Both
-sides are forced in one project, alternating; after every run `dvc status` is clean and the items' outs are
-the warm-up's byte for byte. The bound on the ratio is the cores the items get, less conveyor's fixed costs.
-"""
+``fit``'s ``matrix: {model: [lin, tree], depth: [2, 4]}`` of pure-Python gradient descents (about 9 s of a core each;
+1 s ``--quick``) ``on`` a dask profile of 2 single-threaded workers; both sides forced in one project, alternating.
+Checked: `dvc status` clean after every run, the warm-up's outs byte for byte, conveyor's record: 4 items succeeded."""
 
-from __future__ import annotations
-
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from benchmarks.dvc import dvc_status
-from benchmarks.harness import Config, Metric, Result, check, interleaved, median
+from benchmarks.harness import Config, Metric, Result, check, interleaved, median, scratch
 from benchmarks.prefect_server import PrefectServer
 from benchmarks.projects import check_record, cli, make_repo, run_record, server_env, timed_cli
 
@@ -45,67 +35,37 @@ json.dump({"loss": round(loss, 6), "a": round(a, 4), "b": round(b, 4)}, open(out
 '''
 SPEC = """\
 pipeline: sweep
-profiles:
-  cpu: {{kind: dask, n_workers: 2, threads_per_worker: 1, memory_limit: 1GiB}}
+profiles: {{cpu: {{kind: dask, n_workers: 2, threads_per_worker: 1, memory_limit: 1GiB}}}}
 stages:
-  fit:
-    cmd: python fit.py ${{item.model}} ${{item.depth}} out/${{key}}.json {steps}
-    on: cpu
-    matrix: {{model: [lin, tree], depth: [2, 4]}}
-    deps: [fit.py]
-    metrics:
-      - out/${{key}}.json
+  fit: {{cmd: "python fit.py ${{item.model}} ${{item.depth}} out/${{key}}.json {steps}", on: cpu,
+        matrix: {{model: [lin, tree], depth: [2, 4]}}, deps: [fit.py], metrics: ["out/${{key}}.json"]}}
 """
 
-
 def run(config: Config, log: Callable[[str], None]) -> Result:
-    steps = 15_000 if config.quick else 200_000
-    repeats = config.reps(full=3, quick=1)
-    scratch = Path(tempfile.mkdtemp(prefix="conveyor-bench-sweep-"))
-    root = scratch / "project"
-
-    def outs() -> dict[str, str]:
-        return {p.name: p.read_text() for p in sorted((root / "out").glob("*.json"))}
-
-    try:
+    steps, repeats = 15_000 if config.quick else 200_000, config.reps(full=3, quick=1)
+    with scratch(NAME) as folder, PrefectServer() as server:
+        root, env = folder / "project", server_env(server)
         make_repo(root, {"fit.py": FIT, "configs/pipeline.yaml": SPEC.format(steps=steps),
                          "pyproject.toml": "[project]\nname = 'sweep'\n", "out/.keep": ""}, dvc=True)
-        with PrefectServer() as server:
-            env = server_env(server)
-            cli(["conveyor", "compile"], root, env)
-            log(f"{NAME}: warm-up: one conveyor run (not counted)")
-            cli(["conveyor", "run"], root, env)
-            reference = outs()
-            check(len(reference) == len(ITEMS), f"the warm-up wrote {sorted(reference)}, not {len(ITEMS)} outs")
-
-            def side(args: list[str]) -> Callable[[int], tuple[float, dict[str, Any]]]:
-                def once(_i: int) -> tuple[float, dict[str, Any]]:
-                    seconds = timed_cli(args, root, env).seconds
-                    dvc_status(root, env, f"after `{' '.join(args)}`")
-                    check(outs() == reference, f"`{' '.join(args)}` wrote other outs than the warm-up")
-                    if args[0] != "conveyor":
-                        return seconds, {}
-                    record = run_record(root)
-                    check_record(record, ITEMS, "succeeded", "conveyor run --force")
-                    return seconds, record
-                return once
-
-            log(f"{NAME}: {repeats} interleaved repetitions")
-            base, cand = interleaved(repeats, side(["dvc", "repro", "-f"]), side(["conveyor", "run", "--force"]), log)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    item_s = median([float(s["duration_s"]) for _, r in cand for s in r["stages"].values()])
-    wall = Metric("wall of the command (s)", [s for s, _ in base], [s for s, _ in cand])
-    return Result(
-        name=NAME, description=DESCRIPTION,
-        baseline="`dvc repro -f` of the compiled dvc.yaml (one item at a time)",
-        candidate="`conveyor run --force` (items at once, one per Dask worker)",
-        repeats=repeats, metrics=[wall],
-        setup={"work": f"each item: pure-Python gradient descent, {steps} steps over 200 points",
-               "cores": str(os.cpu_count())},
-        checks=["every run exited 0, `dvc status` was clean after it and it wrote the warm-up's 4 outs byte for byte",
-                "conveyor's run record: the 4 items succeeded"],
-        notes=[f"an item took a median {item_s:.2f} s in conveyor's record (waiting for a free worker included); "
-               f"conveyor's flow (its record's wall_s) a median {median([float(r['wall_s']) for _, r in cand]):.2f} s, "
-               "the rest of its wall is start-up and shut-down (imports, the spec, DVC's status, the cluster)"],
-    )
+        def outs() -> dict[str, str]:
+            return {p.name: p.read_text() for p in sorted((root / "out").glob("*.json"))}
+        cli(["conveyor", "compile"], root, env)
+        cli(["conveyor", "run"], root, env)  # a warm-up, not counted
+        check(len(reference := outs()) == len(ITEMS), f"the warm-up wrote {sorted(reference)}, not {len(ITEMS)} outs")
+        def once(*args: str) -> tuple[float, dict[str, Any]]:
+            seconds = timed_cli(args, root, env).seconds
+            dvc_status(root, env, f"after `{' '.join(args)}`")
+            check(outs() == reference, f"`{' '.join(args)}` wrote other outs than the warm-up")
+            record = run_record(root) if args[0] == "conveyor" else {}
+            if record:
+                check_record(record, ITEMS, "succeeded", "conveyor run --force")
+            return seconds, record
+        base, cand = interleaved(repeats, lambda _i: once("dvc", "repro", "-f"),
+                                 lambda _i: once("conveyor", "run", "--force"), log)
+    item_s, flow_s = (median([float(s["duration_s"]) for _, r in cand for s in r["stages"].values()]),
+                      median([float(r["wall_s"]) for _, r in cand]))
+    return Result(NAME, DESCRIPTION, "`dvc repro -f` of the compiled dvc.yaml (one item at a time)",
+                  "`conveyor run --force` (items at once, one per Dask worker)", repeats,
+                  [Metric("wall of the command (s)", [s for s, _ in base], [s for s, _ in cand])],
+                  setup={"steps per item": str(steps)}, notes=[f"an item took a median {item_s:.2f} s in conveyor's "
+                  f"record (waiting for a free worker included); its flow (wall_s) a median {flow_s:.2f} s"])
