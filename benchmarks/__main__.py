@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import os
 import sys
@@ -11,27 +12,15 @@ from collections.abc import Callable
 from types import ModuleType
 
 from benchmarks import harness
-from benchmarks.compute import (
-    checkpoint_resume,
-    deterministic,
-    gpu_train,
-    ingest_concurrency,
-    memory_cap,
-    preprocess_pandas,
-    preprocess_workers,
-    torch_ddp,
-    xgboost_dask,
-)
-from benchmarks.dvc import dvc_repro, example_get_started, scale, sweep, unshared_disk
-from benchmarks.overhead import chain, edit_run, noop, parallel_branches, reference, search
-from benchmarks.serve import predict_batch, serve_latency
 
-BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (ingest_concurrency, parallel_branches, preprocess_workers,
-                                                          dvc_repro, reference, noop, chain, sweep,
-                                                          predict_batch, serve_latency, preprocess_pandas,
-                                                          xgboost_dask, torch_ddp, memory_cap, deterministic, scale,
-                                                          edit_run, search, unshared_disk, gpu_train,
-                                                          checkpoint_resume, example_get_started)}
+# in the order `python -m benchmarks` runs them all
+MODULES = ("compute.ingest_concurrency", "overhead.parallel_branches", "compute.preprocess_workers", "dvc.dvc_repro",
+           "overhead.reference", "overhead.noop", "overhead.chain", "dvc.sweep", "serve.predict_batch",
+           "serve.serve_latency", "compute.preprocess_pandas", "compute.xgboost_dask", "compute.torch_ddp",
+           "compute.memory_cap", "compute.deterministic", "dvc.scale", "overhead.edit_run", "overhead.search",
+           "dvc.unshared_disk", "compute.gpu_train", "compute.checkpoint_resume", "dvc.example_get_started")
+BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in map(importlib.import_module, (f"benchmarks.{name}"
+                                                                                      for name in MODULES))}
 
 
 def _log(line: str) -> None:

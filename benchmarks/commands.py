@@ -41,28 +41,10 @@ def hyperfine() -> str:
     return found
 
 
-def compare(commands: Mapping[str, Sequence[str]], cwd: Path, env: Mapping[str, str], *, runs: int = 1,
-            warmup: int = 0) -> dict[str, list[float]]:
-    """hyperfine over ``commands`` (name -> argv) in that order, ``runs`` each after ``warmup``: seconds per run.
-    Every run must exit 0."""
-    with tempfile.TemporaryDirectory(prefix="conveyor-bench-hyperfine-") as tmp:
-        export = Path(tmp) / "hyperfine.json"
-        args = [hyperfine(), "-N", "--style", "none", "--runs", str(runs), "--warmup", str(warmup),
-                "--export-json", str(export)]
-        for name, argv in commands.items():
-            args += ["--command-name", name, shlex.join(argv)]
-        proc, _, left = _run(args, cwd, env)
-        check(not left, f"hyperfine in {cwd.name}: processes of its group outlived it by 10 s (killed)")
-        check(proc.returncode == 0, f"hyperfine in {cwd.name} exited {proc.returncode}: {proc.stderr[-2000:]}")
-        results = json.loads(export.read_text())["results"]
-    return {name: [float(t) for t in result["times"]] for name, result in zip(commands, results, strict=True)}
-
-
 def timed(argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, memory: bool = False,
           timeout: float = TIMEOUT_S, strict: bool = True) -> Timed:
-    """One run of ``argv`` under hyperfine: its time, stdout and (``memory``) the peak RSS of its process
-    tree sampled by psutil every 100 ms (hyperfine's own process left out). Checked: exit 0 and, ``strict``,
-    that nothing it started outlived it by 10 s."""
+    """One run of ``argv`` under hyperfine: its time, stdout, (``memory``) its tree's peak RSS sampled every 100 ms;
+    checked to exit 0 and (``strict``) to leave nothing running 10 s after."""
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-hyperfine-") as tmp:
         export, output = Path(tmp) / "hyperfine.json", Path(tmp) / "stdout"
         args = [hyperfine(), "-N", "--style", "none", "--runs", "1", "--ignore-failure", "--output", str(output),
@@ -81,8 +63,7 @@ def timed(argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, memory: boo
 
 def _run(args: list[str], cwd: Path, env: Mapping[str, str], *, timeout: float = TIMEOUT_S,
          sample: bool = False) -> tuple[subprocess.CompletedProcess[str], int, bool]:
-    """hyperfine in a process group of its own: what it printed, the peak RSS of what it ran, and whether
-    processes of the group outlived it by 10 s (they are killed)."""
+    """hyperfine in a process group of its own: its output, its tree's peak RSS, whether the group outlived it."""
     proc = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     sampler = Sampler(proc.pid, root=False)
@@ -99,13 +80,20 @@ def _run(args: list[str], cwd: Path, env: Mapping[str, str], *, timeout: float =
 
 def alternating(baseline: Sequence[str], candidate: Sequence[str], cwd: Path, env: Mapping[str, str], repeats: int,
                 *, warmup: int = 1) -> tuple[list[float], list[float]]:
-    """``repeats`` hyperfine calls of one run per side, B C then C B...; hyperfine's warm-up on the first only."""
-    base: list[float] = []
-    cand: list[float] = []
-    for i in range(repeats):
-        sides = {"baseline": baseline, "candidate": candidate}
-        order = dict(reversed(sides.items())) if i % 2 else sides
-        times = compare(order, cwd, env, warmup=warmup if i == 0 else 0)
-        base += times["baseline"]
-        cand += times["candidate"]
-    return base, cand
+    """``repeats`` hyperfine calls of one run per side, B C then C B...; hyperfine's warm-up on the first only.
+    Every run must exit 0."""
+    times: dict[str, list[float]] = {"baseline": [], "candidate": []}
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-hyperfine-") as tmp:
+        export = Path(tmp) / "hyperfine.json"
+        for i in range(repeats):
+            args = [hyperfine(), "-N", "--style", "none", "--runs", "1", "--warmup", str(warmup if i == 0 else 0),
+                    "--export-json", str(export)]
+            order = [("baseline", baseline), ("candidate", candidate)][::-1 if i % 2 else 1]
+            for name, argv in order:
+                args += ["--command-name", name, shlex.join(argv)]
+            proc, _, left = _run(args, cwd, env)
+            check(not left, f"hyperfine in {cwd.name}: processes of its group outlived it by 10 s (killed)")
+            check(proc.returncode == 0, f"hyperfine in {cwd.name} exited {proc.returncode}: {proc.stderr[-2000:]}")
+            for (name, _argv), result in zip(order, json.loads(export.read_text())["results"], strict=True):
+                times[name] += [float(t) for t in result["times"]]
+    return times["baseline"], times["candidate"]

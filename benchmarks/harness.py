@@ -69,8 +69,7 @@ class Config:
 
 @dataclass
 class Metric:
-    """One measured quantity, one value per repetition on each side; ``ratio`` is taken so that above 1
-    means "the candidate is better" (``baseline/candidate`` for times, ``candidate/baseline`` for rates)."""
+    """One quantity, a value per repetition and side; ``ratio`` above 1 means "the candidate is better"."""
 
     label: str
     baseline: list[float] = field(default_factory=list)

@@ -1,12 +1,19 @@
-"""Process trees, their memory and their leftovers, through psutil (no /proc parsing of our own)."""
+"""Process trees, their memory and their leftovers, through psutil (no /proc parsing of our own), and a
+`prefect server start` for the benchmarks' runs (so that Prefect's start-up is not measured)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -96,23 +103,14 @@ def _kept(proc: psutil.Process) -> bool:
 
 
 def leftovers(home: Path, grace_s: float = 10) -> list[int]:
-    """Processes still running with ``PREFECT_HOME=home`` ``grace_s`` after the run (killed, so as not to load
-    the next run). The server and warm runners conveyor keeps are meant to outlive runs: ended, not reported."""
+    """Pids with ``PREFECT_HOME=home`` still running ``grace_s`` after a run (killed); those kept on purpose (a
+    server, warm runners) are ended, not reported."""
     procs = with_prefect_home(home)
     _gone, alive = psutil.wait_procs([p for p in procs if not _kept(p)], timeout=grace_s)
     for proc in [*alive, *filter(_kept, procs)]:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     return [proc.pid for proc in alive]
-
-
-def rss_mib(procs: list[psutil.Process]) -> float:
-    """The summed RSS of ``procs`` now, in MiB."""
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            total += proc.memory_info().rss
-    return total / MIB
 
 
 def wait_warm(home: Path, deadline_s: float = 60) -> Runner:
@@ -122,3 +120,66 @@ def wait_warm(home: Path, deadline_s: float = 60) -> Runner:
         check(time.monotonic() < deadline, f"no warm runner served {deadline_s:.0f} s after the first run")
         time.sleep(0.05)
     return found[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrefectServer:
+    """``with PrefectServer() as server: subprocess.run(..., env=server.env)``: a free loopback port, a temporary
+    PREFECT_HOME, its own process group, stopped (SIGTERM, then SIGKILL) at the end."""
+
+    def __init__(self, startup_timeout_s: float = 180) -> None:
+        self.startup_timeout_s = startup_timeout_s
+        self.home = Path(tempfile.mkdtemp(prefix="conveyor-bench-prefect-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.startup_s = 0.0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment that points Prefect clients (``conveyor run``) at this server."""
+        return {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_API_URL": self.url,
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+    def __enter__(self) -> PrefectServer:
+        env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"} | {"PREFECT_SERVER_UI_ENABLED": "false"}
+        started = time.monotonic()
+        log = self.home / "server.log"
+        with log.open("wb") as out:
+            self._proc = proc = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        self.startup_s = time.monotonic() - started
+                        return self
+                if time.monotonic() - started > self.startup_timeout_s:
+                    raise RuntimeError(f"prefect server at {self.url} not healthy after {self.startup_timeout_s:.0f} s")
+                time.sleep(0.25)
+            said = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"prefect server exited with {proc.returncode}:\n{said}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Stop the server's process group (SIGTERM, SIGKILL after ``timeout_s``) and remove its PREFECT_HOME."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)
+            stop_group(proc.pid, grace_s=0)  # what is left of its group, SIGKILLed
+            proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)

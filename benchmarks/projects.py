@@ -10,14 +10,12 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks import commands
-from benchmarks.harness import REPO, check, median, side_report
-from benchmarks.prefect_server import PrefectServer
-from benchmarks.processes import leftovers
+from benchmarks.harness import REPO, check, side_report
+from benchmarks.processes import PrefectServer, leftovers
 
 TIMEOUT_S = 600  # any one command
 
@@ -147,20 +145,6 @@ def check_no_leftovers(home: Path, what: str) -> None:
 def per_stage_ms(big: Sequence[float], small: Sequence[float], extra_stages: int) -> list[float]:
     """Per repetition: (T(many stages) - T(one stage)) / extra stages, in ms."""
     return [(b - s) / extra_stages * 1000 for b, s in zip(big, small, strict=True)]
-
-
-def phases(record: Mapping[str, Any], began: datetime, seconds: float) -> tuple[float, float, float]:
-    """A run's seconds before its record's ``started`` (interpreter, imports, loading, any server start),
-    from ``started`` to ``finished``, and after (summary, exit), for a command begun at ``began``."""
-    started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
-    before, inside = (started - began).total_seconds(), (finished - started).total_seconds()
-    return before, inside, seconds - before - inside
-
-
-def phases_note(what: str, runs: Sequence[tuple[float, float, float]]) -> str:
-    before, inside, after = (median([p[k] for p in runs]) for k in range(3))
-    return (f"where {what} spends its time (medians, split by its run record's started/finished): {before:.2f} s "
-            f"before `started`, {inside:.2f} s from `started` to `finished`, {after:.2f} s after `finished`")
 
 
 @dataclass

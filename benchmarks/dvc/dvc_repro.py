@@ -18,8 +18,7 @@ import yaml
 from benchmarks import projects
 from benchmarks.dvc import dvc_status
 from benchmarks.harness import Config, Metric, Result, check, interleaved, met, scratch
-from benchmarks.prefect_server import PrefectServer
-from benchmarks.processes import leftovers
+from benchmarks.processes import PrefectServer, leftovers
 
 NAME = "dvc-repro"
 DESCRIPTION = "conveyor run vs dvc repro on the same hand-written dvc.yaml (4 independent branches)"
@@ -38,6 +37,7 @@ DVC_YAML = {"stages": {
     "join": {"cmd": "cat out/a.txt out/b.txt out/c.txt out/d.txt > data/joined.txt", "deps": OUTS[1:5],
              "outs": OUTS[5:]}}}
 Outcome = tuple[float, dict[str, Any], int]  # a run's wall, what it left, the most branches running at once
+
 
 def once(copies: projects.Copies, template: Path, side: str, args: list[str], env: Mapping[str, str],
          home: Path | None) -> Outcome:
@@ -63,6 +63,7 @@ def once(copies: projects.Copies, template: Path, side: str, args: list[str], en
                         for k, step in (("started", 1), ("finished", -1)))
         return wall, seen, max(itertools.accumulate(step for _, step in events))
 
+
 def run(config: Config, log: Callable[[str], None]) -> Result:
     (sleep_s, cold_n), repeats = (1.0, 1) if config.quick else (3.0, 2), config.reps(full=5, quick=2)
     serial, parallel = len(ITEMS) * sleep_s, math.ceil(len(ITEMS) / AT_ONCE) * sleep_s
@@ -74,6 +75,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         for made in (cold, kept):
             made.mkdir()
         shared, run_ = projects.server_env(server), ["conveyor", "run"]
+
         def side(name: str, args: list[str], env: Mapping[str, str], home: Path | None) -> Callable[[int], Outcome]:
             return lambda _i: once(copies, template, name, args, env, home)
         for what, args, env, home in (

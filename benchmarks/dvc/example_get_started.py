@@ -25,6 +25,7 @@ RATIO_GOAL = 1.0
 WORDS = ("r", "python", "data", "frame", "plot", "ggplot", "function", "value", "list", "vector", "matrix", "model",
          "error", "code", "file", "string")
 
+
 def stand_in(path: Path, size: int = 900_000) -> None:
     """Posts in the shape of the registry's data.xml: rows with Id, Tags, Title and Body, a third tagged R."""
     rng = random.Random(7)
@@ -35,6 +36,7 @@ def stand_in(path: Path, size: int = 900_000) -> None:
             title, body = (" ".join(rng.choice(WORDS) for _ in range(n)) for n in (8, 40))
             f.write(f'  <row Id="{i}" Tags="{tags}" Title="{title}" Body="&lt;p&gt;{body}&lt;/p&gt;" />\n')
         f.write("</posts>\n")
+
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     source = os.environ.get(SOURCE)

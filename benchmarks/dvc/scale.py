@@ -14,7 +14,7 @@ import yaml
 
 from benchmarks.dvc import dvc_status
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met, scratch
-from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import PrefectServer
 from benchmarks.projects import check_record, cli, make_repo, no_server_env, run_record, server_env, timed_cli
 
 NAME = "scale"
@@ -27,12 +27,14 @@ GOAL_S, GOAL_VS_DVC, RECORD_GOAL = 2.0, 0.5, 1.5
 PLOT = REPO / "docs" / "img" / "scale.png"  # the curve the README and the docs show, drawn by each full run
 ROW = re.compile(r"^(chain|wide) (\d+): `conveyor ([^`]+)` vs `dvc status` \(s\)$")
 
+
 def stages_of(shape: str, n: int) -> dict[str, tuple[list[str], str]]:  # stage: (deps, out)
     if shape == "chain":
         return {f"s{k:02d}": ([f"out/s{k - 1:02d}.txt"] if k else [], f"out/s{k:02d}.txt") for k in range(n)}
     last = {f"s{n - 1:02d}": (["out/w"] if n > 2 else ["out/s00.txt"], f"out/s{n - 1:02d}.txt")} if n > 1 else {}
     wide = {f"s{k:02d}": (["out/s00.txt"], f"out/w/s{k:02d}.txt") for k in range(1, n - 1)}
     return {"s00": ([], "out/s00.txt"), **wide, **last}
+
 
 def make_project(root: Path, shape: str, n: int, *, fresh: bool = False) -> list[str]:
     """A git + DVC repository of the ``shape`` dvc.yaml, up to date (outs, DVC's cache, dvc.lock) unless ``fresh``."""
@@ -44,6 +46,7 @@ def make_project(root: Path, shape: str, n: int, *, fresh: bool = False) -> list
               dvc=True)
     if fresh:
         return list(stages)
+
     def entries(paths: list[str]) -> list[dict[str, object]]:
         found = {p: hasher.entry(root, p) for p in paths}
         check(None not in found.values(), f"missing among {paths}")
@@ -60,9 +63,11 @@ def make_project(root: Path, shape: str, n: int, *, fresh: bool = False) -> list
     (root / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": lock}, sort_keys=False))
     return list(stages)
 
+
 def decide(folder: Path, shape: str, n: int, repeats: int, log: Callable[[str], None]) -> list[Metric]:
     root, env = folder / f"{shape}-{n}", no_server_env(folder / "prefect-home")
     stages = make_project(root, shape, n)
+
     def conveyor(what: str) -> float:
         extra = {"CONVEYOR_SNAPSHOT": "0"} if what == COLD else {}  # the first command after a change
         seconds = timed_cli(["conveyor", *COMMANDS[what]], root, {**env, **extra}).seconds
@@ -75,6 +80,7 @@ def decide(folder: Path, shape: str, n: int, repeats: int, log: Callable[[str], 
                              lambda _i: {k: conveyor(k) for k in COMMANDS}, log)
     return [Metric(f"{shape} {n}: `conveyor {k}` vs `dvc status` (s)", base, [c[k] for c in cand]) for k in COMMANDS]
 
+
 def recording(scratch: Path, n: int, server: PrefectServer, log: Callable[[str], None]) -> tuple[float, float]:
     """Seconds per stage of the first and the last hundred stages of a forced run of an n-stage chain."""
     root = scratch / f"record-{n}"
@@ -86,6 +92,7 @@ def recording(scratch: Path, n: int, server: PrefectServer, log: Callable[[str],
     finished = sorted(datetime.fromisoformat(s["finished"]).timestamp() for s in record["stages"].values())
     k = min(100, n // 2)
     return (finished[k] - finished[0]) / k, (finished[-1] - finished[-1 - k]) / k
+
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     sizes = [10, 100, 1000] if config.quick else [10, 100, 1000, 5000]
@@ -111,6 +118,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                          f"recording: {first:.3f} s per stage over the first hundred, {last:.3f} s over the last "
                          f"hundred of {record_n}: {last / first:.2f}x (goal <= {RECORD_GOAL:g}x: "
                          f"{met(last / first <= RECORD_GOAL)})"])
+
 
 def plot(medians: dict[str, tuple[float, float]], path: Path) -> None:
     import matplotlib

@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.dvc import dvc_status
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median, scratch
-from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import PrefectServer
 from benchmarks.projects import check_record, cli, make_repo, run_record, server_env, timed_cli
 
 NAME = "sweep"
@@ -41,17 +41,20 @@ stages:
         matrix: {{model: [lin, tree], depth: [2, 4]}}, deps: [fit.py], metrics: ["out/${{key}}.json"]}}
 """
 
+
 def run(config: Config, log: Callable[[str], None]) -> Result:
     steps, repeats = 15_000 if config.quick else 200_000, config.reps(full=3, quick=1)
     with scratch(NAME) as folder, PrefectServer() as server:
         root, env = folder / "project", server_env(server)
         make_repo(root, {"fit.py": FIT, "configs/pipeline.yaml": SPEC.format(steps=steps),
                          "pyproject.toml": "[project]\nname = 'sweep'\n", "out/.keep": ""}, dvc=True)
+
         def outs() -> dict[str, str]:
             return {p.name: p.read_text() for p in sorted((root / "out").glob("*.json"))}
         cli(["conveyor", "compile"], root, env)
         cli(["conveyor", "run"], root, env)  # a warm-up, not counted
         check(len(reference := outs()) == len(ITEMS), f"the warm-up wrote {sorted(reference)}, not {len(ITEMS)} outs")
+
         def once(*args: str) -> tuple[float, dict[str, Any]]:
             seconds = timed_cli(args, root, env).seconds
             dvc_status(root, env, f"after `{' '.join(args)}`")

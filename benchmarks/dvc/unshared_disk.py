@@ -35,6 +35,7 @@ ROWS = {"stage wall (s), remote emptied": ("emptied", 0), "stage wall (s), dep i
         "the same, `cache.type: hardlink`": ("hardlinked", 0), "stage wall (s) on a worker that sees the project":
         ("seeing", 0), "`conveyor run` wall (s), remote emptied": ("emptied", 1)}  # label: the run, stage or command
 
+
 def _project(root: Path, address: str, on: str, store: Path, big: Path) -> None:
     make_repo(root, {"pyproject.toml": "[project]\nname = 'bench'\n", "scripts/digest.py": DIGEST,
                      "configs/pipeline.yaml": SPEC.format(address=address, on=on),
@@ -44,6 +45,7 @@ def _project(root: Path, address: str, on: str, store: Path, big: Path) -> None:
     (root / "data").mkdir()
     os.link(big, root / "data/big.bin")  # the same bytes on both sides, written once
     cli([conveyor_command(), "compile"], root, base_env())  # dvc.yaml: DVC's dvc.lock and cache are the record
+
 
 @contextmanager
 def _cluster(hidden: Path | None, where: Path) -> Iterator[str]:
@@ -67,6 +69,7 @@ def _cluster(hidden: Path | None, where: Path) -> Iterator[str]:
             os.killpg(proc.pid, 15)
             proc.wait(timeout=30)
 
+
 def _one_run(root: Path, profile: str, md5: str, address: str | None = None) -> tuple[float, float]:
     """``conveyor run --force`` in ``root``, checked: the stage's wall (the record's) and the command's."""
     from distributed import Client
@@ -84,6 +87,7 @@ def _one_run(root: Path, profile: str, md5: str, address: str | None = None) -> 
         check(sum(left.values()) == 0, "a scratch directory stayed on the worker")
     return float(stage["duration_s"]), done.seconds
 
+
 def run(config: Config, log: Callable[[str], None]) -> Result:
     check(os.geteuid() == 0 and shutil.which("unshare") is not None, "needs root and unshare(1)")
     size, repeats = 128 * 2**20 if config.quick else 2**30, config.reps(3, 2)
@@ -99,6 +103,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             _project(local, address, "", base / "unused-store", big)
             _project(away, address, "on: remote, ", store, big)
             _project(shared, seeing_address, "on: remote, ", base / "unused-store", big)
+
             def candidate(_i: int) -> dict[str, tuple[float, float]]:
                 shutil.rmtree(store, ignore_errors=True)
                 runs = {key: _one_run(away, "remote", md5, address) for key in ("emptied", "there")}

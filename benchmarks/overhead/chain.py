@@ -13,7 +13,7 @@ import yaml
 from benchmarks import projects
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met, scratch
 from benchmarks.overhead.noop import CLI_GOAL_S, dvc_chain
-from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import PrefectServer
 from benchmarks.projects import Copies, chain_text, check_record, make_repo, out, per_stage_ms, stage
 
 NAME = "chain"
@@ -57,6 +57,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     with scratch(NAME) as tmp:
         (home := tmp / "prefect-home-embedded").mkdir()
         copies, cold_env = Copies(tmp), projects.no_server_env(home)
+
         def go(side: str, size: int, env: Mapping[str, str]) -> float:
             template, command = SIDES[kind := side.split("-")[0]]
             with copies.fresh(tmp / template.format(n=size), side) as workdir:

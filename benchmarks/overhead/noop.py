@@ -15,7 +15,7 @@ from benchmarks import projects
 from benchmarks.commands import alternating
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met, scratch
 from benchmarks.overhead.reference import make_template
-from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import PrefectServer
 from benchmarks.projects import chain_text, check_record, cli, make_repo, no_server_env, out, per_stage_ms, stage
 
 NAME = "noop"

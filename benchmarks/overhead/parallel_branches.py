@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved, scratch
-from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import PrefectServer
 from benchmarks.projects import check_record, run_record, server_env, timed_cli
 
 NAME = "parallel-branches"
@@ -58,6 +58,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                           "benchtasks/__init__.py": "", "benchtasks/steps.py": STEPS, **SPECS}.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
+
         def conveyor_run(chained: bool) -> dict[str, Any]:
             name = "chained" if chained else "parallel"
             shutil.rmtree(root / "out", ignore_errors=True)

@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     models.save_mlp(out / "models/mlp.pt", net, sizes, features)
     write_json(out / "metrics/train_mlp.json", {"epochs": fit.epochs, "best_epoch": fit.best_epoch, **{
         f"{k}_valid_loss": round(getattr(fit, f"{k}_valid_loss"), DIGITS) for k in ("initial", "best")}})
+
     def base(part: models.Split) -> Any:  # one column per base model (xgb, mlp): P(label = 1)
         return np.column_stack([models.xgb_probabilities(booster, part.features),
                                 models.mlp_probabilities(net.eval(), features, part.features)])

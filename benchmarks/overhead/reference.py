@@ -19,7 +19,7 @@ import pandas as pd
 
 from benchmarks import projects
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met, scratch
-from benchmarks.prefect_server import PrefectServer
+from benchmarks.processes import PrefectServer
 from benchmarks.projects import Copies, base_env, check_no_leftovers, cli, commit, conveyor_command, no_server_env
 
 NAME = "reference"
@@ -108,6 +108,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         template, copies, home = tmp / "template", Copies(tmp), tmp / "prefect-home"
         make_template(template)
         home.mkdir()
+
         def side(name: str, env: Mapping[str, str]) -> Callable[[int], dict[str, Any]]:
             return lambda _i: one_run(template, copies, name, env, home)
         plain, cold = side("plain", base_env()), side("conveyor-cold", no_server_env(home))

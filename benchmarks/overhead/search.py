@@ -52,6 +52,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         make_repo(tmp / "template", {"pyproject.toml": '[project]\nname = "search-bench"\nversion = "0"\n',
                                      "params.yaml": "fit:\n  x: 0.5\n", "steps/__init__.py": "", "steps/fit.py": FIT,
                                      "plain.py": PLAIN, "configs/pipeline.yaml": SPEC}, dvc=False)
+
         def side(name: str, size: int) -> float:
             with copies.fresh(tmp / "template", name) as workdir:
                 optuna = name == "optuna"

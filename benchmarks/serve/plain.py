@@ -23,19 +23,23 @@ def load_model(project: Path) -> tuple[list[str], Any, Callable[..., Any]]:
     features = list(json.loads((project / features_file).read_text(encoding="utf-8"))[key])
     return features, load({name: project / path for name, path in model["files"].items()}), predict
 
+
 def serve(project: Path, port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
     from pydantic import BaseModel
+
     class PredictRequest(BaseModel):
         rows: list[dict[str, float]]
     features, scorer, predict = load_model(project)
     app = FastAPI(title="breast-cancer model")
     app.get("/health")(lambda: {"status": "ok"})
+
     @app.post("/predict")
     def score(request: PredictRequest) -> dict[str, list[float]]:
         return {"scores": predict(scorer, pd.DataFrame(request.rows, columns=features)).tolist()}
     uvicorn.run(app, host="127.0.0.1", port=port)
+
 
 if __name__ == "__main__" and sys.argv[1] == "serve":
     serve(Path(sys.argv[2]).resolve(), int(sys.argv[3]))

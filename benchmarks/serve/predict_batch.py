@@ -26,6 +26,7 @@ PLAIN = Path(__file__).resolve().parent / "plain.py"
 GROUP, RTOL = 100_000, 1e-6  # rows per parquet row group; float32 matmuls round differently for another batch size
 SCORED = re.compile(r"scored ([\d,]+) rows in (\d+) partitions? on (\d+) workers? in ([\d.]+)s")
 
+
 def run(config: Config, log: Callable[[str], None]) -> Result:
     rows, repeats = 200_000 if config.quick else 2_000_000, config.reps(full=3, quick=1)
     expected: dict[str, np.ndarray[Any, np.dtype[np.float64]]] = {}
@@ -40,6 +41,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
                 writer.write_table(pa.Table.from_pandas(picked * (1 + 0.01 * rng.standard_normal(picked.shape)),
                                                         preserve_index=False))
         mib = source.stat().st_size / 2**20
+
         def once(what: str, i: int, *args: str) -> Timed:
             output = folder / f"{i}.parquet"
             done = timed_cli([str(output) if a == "OUT" else a for a in args], root, env, memory=True)

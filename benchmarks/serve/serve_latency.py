@@ -43,6 +43,7 @@ done = function(s, latency) local e = s.errors io.write(string.format('{"request
   e.status + e.connect + e.read + e.write + e.timeout)) end
 """
 
+
 def call(port: int, path: str, body: Any = None) -> tuple[int, Any]:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", None if body is None else
                                      json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -51,6 +52,7 @@ def call(port: int, path: str, body: Any = None) -> tuple[int, Any]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, None
+
 
 @contextmanager
 def serving(side: str, args: list[str], root: Path, env: dict[str, str], out: Path) -> Iterator[dict[str, Any]]:
@@ -78,6 +80,7 @@ def serving(side: str, args: list[str], root: Path, env: dict[str, str], out: Pa
         stop_group(proc.pid, grace_s=0)
         proc.wait()
 
+
 def load(port: int, bodies: Path, seconds: float, script: Path) -> dict[str, float]:
     proc = subprocess.run(["wrk", "-t2", f"-c{THREADS}", f"-d{seconds:g}s", f"--timeout={TIMEOUT_S:g}s", "-s",
                            str(script), f"http://127.0.0.1:{port}/predict"], capture_output=True, text=True,
@@ -88,6 +91,7 @@ def load(port: int, bodies: Path, seconds: float, script: Path) -> dict[str, flo
                                                       f"were not answered 2xx:\n{proc.stdout[-2000:]}")
     return {"p50": got["p50_us"] / 1000, "p99": got["p99_us"] / 1000,
             "rate": got["requests"] / (got["duration_us"] / 1e6)}
+
 
 def run(config: Config, log: Callable[[str], None]) -> Result:
     seconds, repeats = 5.0 if config.quick else 30.0, config.reps(full=3, quick=1)
