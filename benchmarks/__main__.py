@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, module in BENCHMARKS.items():
             print(f"{name}: {module.DESCRIPTION}")
         return 0
-    unknown = [n for n in args.names if n not in BENCHMARKS]
-    if unknown:
+    if unknown := [n for n in args.names if n not in BENCHMARKS]:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -53,12 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             result = runner(config, _log)
-        except harness.CheckFailed as exc:
-            _log(f"{name}: CHECK FAILED, no ratio reported: {exc}")
-            failed += 1
-            continue
         except Exception as exc:  # noqa: BLE001 - one broken benchmark must not stop the others
-            _log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+            checked = isinstance(exc, harness.CheckFailed)
+            _log(f"{name}: CHECK FAILED, no ratio reported: {exc}" if checked else
+                 f"{name}: FAILED: {type(exc).__name__}: {exc}")
             failed += 1
             continue
         result.seconds = time.monotonic() - started

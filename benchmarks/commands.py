@@ -37,8 +37,7 @@ class Timed:
 def hyperfine() -> str:
     found = shutil.which("hyperfine")
     check(found is not None, INSTALL)
-    assert found is not None
-    return found
+    return str(found)
 
 
 def timed(argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, memory: bool = False,

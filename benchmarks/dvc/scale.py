@@ -14,7 +14,7 @@ import yaml
 
 from benchmarks.dvc import dvc_status
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met, scratch
-from benchmarks.processes import PrefectServer
+from benchmarks.processes import PrefectServer, leftovers
 from benchmarks.projects import check_record, cli, make_repo, no_server_env, run_record, server_env, timed_cli
 
 NAME = "scale"
@@ -100,6 +100,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     with scratch(NAME) as folder:
         (folder / "prefect-home").mkdir()
         metrics = [m for shape in ("chain", "wide") for n in sizes for m in decide(folder, shape, n, repeats, log)]
+        check(not leftovers(folder / "prefect-home"), "conveyor's commands left processes")  # ends what they kept
         with PrefectServer() as server:
             first, last = recording(folder, record_n, server, log)
     big, medians = max(sizes), {m.label: (median(m.baseline), median(m.candidate)) for m in metrics}
