@@ -182,4 +182,5 @@ class PrefectServer:
                 proc.wait(timeout_s)
             stop_group(proc.pid, grace_s=0)  # what is left of its group, SIGKILLed
             proc.wait()
+        leftovers(self.home, grace_s=0)  # and what its runs kept: the warm runners (conveyor.cli.warm)
         shutil.rmtree(self.home, ignore_errors=True)
