@@ -77,7 +77,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         shared, run_ = projects.server_env(server), ["conveyor", "run"]
 
         def side(name: str, args: list[str], env: Mapping[str, str], home: Path | None) -> Callable[[int], Outcome]:
-            return lambda _i: once(copies, template, name, args, env, home)
+            own = home if home == cold else None  # a server per run: none left after; the kept one is meant to stay
+            return lambda _i: once(copies, template, name, args, env, own)
         for what, args, env, home in (
                 ("conveyor on a shared Prefect server", run_, shared, None),
                 (f"conveyor with the branches on a threads profile ({PLACED}), shared server", [*run_, "-c", PLACED],
