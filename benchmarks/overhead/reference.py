@@ -19,7 +19,7 @@ import pandas as pd
 
 from benchmarks import projects
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met, scratch
-from benchmarks.processes import PrefectServer
+from benchmarks.processes import PrefectServer, leftovers
 from benchmarks.projects import Copies, base_env, check_no_leftovers, cli, commit, conveyor_command, no_server_env
 
 NAME = "reference"
@@ -52,6 +52,7 @@ def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> t
     env = no_server_env(scratch / "prefect-home")
     log(f"{name}: training the reference model (conveyor run, not counted)")
     cli([conveyor_command(), "run"], root, env)
+    leftovers(scratch / "prefect-home", grace_s=0)  # the server and warm runner it kept: what follows needs neither
     return root, env
 
 
