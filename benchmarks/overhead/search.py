@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median, met, scratch
-from benchmarks.projects import Copies, base_env, make_repo, per_stage_ms, run_record, timed_cli
+from benchmarks.processes import leftovers
+from benchmarks.projects import Copies, make_repo, no_server_env, per_stage_ms, run_record, timed_cli
 
 NAME = "search"
 DESCRIPTION = "the cost of one trial of conveyor search beyond its work, vs an Optuna ask-and-tell loop alone"
@@ -48,7 +49,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
     n, repeats = 10 if config.quick else 40, config.reps(full=5, quick=2)
     best: dict[str, set[float]] = {"optuna": set(), "conveyor": set()}
     with scratch(NAME) as tmp:
-        copies = Copies(tmp)
+        copies, env = Copies(tmp), no_server_env(tmp / "prefect-home")  # not the user's: a server kept there
         make_repo(tmp / "template", {"pyproject.toml": '[project]\nname = "search-bench"\nversion = "0"\n',
                                      "params.yaml": "fit:\n  x: 0.5\n", "steps/__init__.py": "", "steps/fit.py": FIT,
                                      "plain.py": PLAIN, "configs/pipeline.yaml": SPEC}, dvc=False)
@@ -56,8 +57,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         def side(name: str, size: int) -> float:
             with copies.fresh(tmp / "template", name) as workdir:
                 optuna = name == "optuna"
-                done = timed_cli(["python", "plain.py", str(size)] if optuna else [*SEARCH, str(size)], workdir,
-                                 base_env())
+                done = timed_cli(["python", "plain.py", str(size)] if optuna else [*SEARCH, str(size)], workdir, env)
                 trials: list[Any] = list((workdir / "trials").iterdir() if optuna
                                          else run_record(workdir)["stages"].values())
                 check(len(trials) == size and (optuna or {s["status"] for s in trials} == {"succeeded"}),
@@ -69,6 +69,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         side("optuna", 1), side("conveyor", 1)
         base, cand = interleaved(repeats, lambda _i: {k: side("optuna", k) for k in (n, 1)},
                                  lambda _i: {k: side("conveyor", k) for k in (n, 1)}, log)
+        check(not leftovers(tmp / "prefect-home"), "conveyor search left processes")  # ends the server it kept
     check(len(best["optuna"]) == 1 and best["optuna"] == best["conveyor"],
           f"the two sides found different best objectives: {best}")
     ms = [per_stage_ms([r[n] for r in rows], [r[1] for r in rows], n - 1) for rows in (base, cand)]
