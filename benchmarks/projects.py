@@ -75,12 +75,6 @@ def repo_env() -> dict[str, str]:
     return {**base_env(), "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
 
 
-def conveyor_command() -> str:
-    """The ``conveyor`` beside this interpreter (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).with_name("conveyor")
-    return str(beside) if beside.is_file() else "conveyor"
-
-
 class Copies:
     """Fresh copies of pristine projects, one per run, so that every run of every side does the whole work."""
 

@@ -108,7 +108,8 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 class _Handler(SimpleHTTPRequestHandler):  # the server's: each request noted in ROOT/arrivals, answered LATENCY_S late
     protocol_version, disable_nagle_algorithm = "HTTP/1.1", True  # keep-alive; a body goes out with its headers
 
-    def log_message(self, format: str, *args: Any) -> None: pass
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
     def send_head(self) -> Any:
         os.write(LOG, f"{self.command} {time.perf_counter()!r}\n".encode())  # O_APPEND: one line, whole

@@ -128,7 +128,10 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
 
         generate(warm, 20_000, 2)  # the warm-up: a run each on other rows, not counted (--quick: the imports)
         for n, client in clients.items():
-            client.run(warm_imports) if config.quick else side(n, warm)
+            if config.quick:
+                client.run(warm_imports)
+            else:
+                side(n, warm)
         base, cand = interleaved(repeats, lambda _i: side(WORKERS[0]), lambda _i: side(WORKERS[1]), log)
     wall, busy, control = (Metric(label, [b[k] for b in base], [c[k] for c in cand]) for k, label in enumerate((
         "wall time of prepare (s)", "worker compute time, summed over tasks (s)",

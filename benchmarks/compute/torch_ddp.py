@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -32,7 +32,9 @@ SIZES: tuple[tuple[int, list[int] | None], ...] = ((100_000, None), (1_000_000, 
 EPOCHS, WORKERS = 5, 2  # every run trains exactly EPOCHS epochs
 
 
-def reference() -> Any: return yaml.safe_load((REPO / "params.yaml").read_text())
+@cache
+def reference() -> Any:  # params.yaml of the reference project, read once
+    return yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def mlp_params(epochs: int, hidden: list[int] | None = None) -> tuple[dict[str, Any], int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.dvc import dvc_status
 from benchmarks.harness import Config, Metric, Result, check, interleaved, met, scratch
-from benchmarks.projects import base_env, cli, conveyor_command, make_repo, run_record, timed_cli
+from benchmarks.projects import base_env, cli, make_repo, run_record, timed_cli
 
 NAME = "unshared-disk"
 DESCRIPTION = ("a stage reading a 1 GiB dep on a Dask worker without the project's disk (data through a "
@@ -44,7 +44,7 @@ def _project(root: Path, address: str, on: str, store: Path, big: Path) -> None:
         cli(["dvc", *args], root, base_env())
     (root / "data").mkdir()
     os.link(big, root / "data/big.bin")  # the same bytes on both sides, written once
-    cli([conveyor_command(), "compile"], root, base_env())  # dvc.yaml: DVC's dvc.lock and cache are the record
+    cli(["conveyor", "compile"], root, base_env())  # dvc.yaml: DVC's dvc.lock and cache are the record
 
 
 @contextmanager
@@ -73,7 +73,7 @@ def _cluster(hidden: Path | None, where: Path) -> Iterator[str]:
 def _one_run(root: Path, profile: str, md5: str, address: str | None = None) -> tuple[float, float]:
     """``conveyor run --force`` in ``root``, checked: the stage's wall (the record's) and the command's."""
     from distributed import Client
-    done = timed_cli([conveyor_command(), "run", "--force"], root, base_env())
+    done = timed_cli(["conveyor", "run", "--force"], root, base_env())
     stage = run_record(root)["stages"]["digest"]
     check(stage["status"] == "succeeded" and stage["profile"] == profile,
           f"{root.name}: digest {stage['status']} on {stage['profile']}")

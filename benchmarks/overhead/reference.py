@@ -20,7 +20,7 @@ import pandas as pd
 from benchmarks import projects
 from benchmarks.harness import REPO, Config, Metric, Result, check, interleaved, median, met, scratch
 from benchmarks.processes import PrefectServer, leftovers
-from benchmarks.projects import Copies, base_env, check_no_leftovers, cli, commit, conveyor_command, no_server_env
+from benchmarks.projects import Copies, base_env, check_no_leftovers, cli, commit, no_server_env
 
 NAME = "reference"
 DESCRIPTION = "conveyor run --force of the reference pipeline vs the same work as one plain script"
@@ -51,7 +51,7 @@ def trained_reference(scratch: Path, log: Callable[[str], None], name: str) -> t
     make_template(root)
     env = no_server_env(scratch / "prefect-home")
     log(f"{name}: training the reference model (conveyor run, not counted)")
-    cli([conveyor_command(), "run"], root, env)
+    cli(["conveyor", "run"], root, env)
     leftovers(scratch / "prefect-home", grace_s=0)  # the server and warm runner it kept: what follows needs neither
     return root, env
 
@@ -63,7 +63,7 @@ def one_run(template: Path, copies: Copies, side: str, env: Mapping[str, str], h
         since = time.time()
         # conveyor: the memory measured is the command's process tree; a run forked by a warm runner is not in it
         done = projects.timed_cli([sys.executable, str(PLAIN), "out", "--project", "."] if plain
-                                  else [conveyor_command(), "run", "--force"], workdir,
+                                  else ["conveyor", "run", "--force"], workdir,
                                   env if plain else {**env, "CONVEYOR_WARM": "0"}, memory=True)
         outdir = workdir / "out" if plain else workdir
         stale = [p for p in WRITTEN if not (outdir / p).is_file() or (outdir / p).stat().st_mtime < since]

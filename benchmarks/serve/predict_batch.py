@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from benchmarks.commands import Timed
 from benchmarks.harness import Config, Metric, Result, check, interleaved, median, scratch
 from benchmarks.overhead.reference import trained_reference
-from benchmarks.projects import conveyor_command, timed_cli
+from benchmarks.projects import timed_cli
 
 NAME = "predict-batch"
 DESCRIPTION = "conveyor predict on a swarm of 2 workers vs one process (pandas) scoring the same file"
@@ -61,7 +61,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
             return done
         base, cand = interleaved(repeats, lambda i: once("the plain script", i, sys.executable, str(PLAIN), "predict",
                                                          str(root), str(source), "OUT"),
-                                 lambda i: once("conveyor predict", i, conveyor_command(), "predict", "-i", str(source),
+                                 lambda i: once("conveyor predict", i, "conveyor", "predict", "-i", str(source),
                                                 "-o", "OUT", "--workers", "2"), log)
     return Result(
         NAME, DESCRIPTION, "`python plain.py predict`: one process, pandas, the project's load/score on the whole file",

@@ -26,7 +26,6 @@ import pandas as pd
 from benchmarks.harness import Config, Metric, Result, check, interleaved, scratch
 from benchmarks.overhead.reference import trained_reference
 from benchmarks.processes import stop_group
-from benchmarks.projects import conveyor_command
 from benchmarks.serve.plain import load_model
 
 NAME = "serve-latency"
@@ -111,7 +110,7 @@ def run(config: Config, log: Callable[[str], None]) -> Result:
         script.write_text(WRK)
         with (serving("bare", [sys.executable, str(Path(__file__).with_name("plain.py")), "serve", str(root), "0"],
                       root, env, folder / "bare.log") as bare,
-              serving("conveyor", [conveyor_command(), "serve-model", "--port", "0"], root, env,
+              serving("conveyor", ["conveyor", "serve-model", "--port", "0"], root, env,
                       folder / "conveyor.log") as conveyor):
             version, (status, card), (_, health) = conveyor["version"], *(call(conveyor["port"], p)
                                                                           for p in ("/model", "/health"))
