@@ -4,7 +4,9 @@ run that used it was killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import time
@@ -76,11 +78,14 @@ def flow_runs(url: str) -> list[str]:
 
 @pytest.fixture
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A PREFECT_HOME of the test's own; whatever server it kept is stopped at the end."""
+    """A PREFECT_HOME of the test's own; whatever server and warm runners it kept are stopped at the end."""
+    from conveyor.cli.warm_runner import runners
+
     home = tmp_path_factory.mktemp("kept-home")
     yield home
-    for proc in keepers(home):
-        proc.kill()
+    for pid in [*(proc.pid for proc in keepers(home)), *(runner.pid for runner in runners(home))]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_later_runs_join_the_server_the_first_kept_and_stop_ends_it(
