@@ -16,6 +16,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from prefect_homes import new_home
 
 CONVEYOR = shutil.which("conveyor")
 pytestmark = pytest.mark.skipif(CONVEYOR is None, reason="the conveyor console script is not installed")
@@ -143,7 +144,7 @@ def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_
     """No PREFECT_API_URL: conveyor starts Prefect's temporary server itself (Prefect does not start
     a second one), and the terminal shows nothing of it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")), COLUMNS="100")
+    env.update(PREFECT_HOME=str(new_home(tmp_path_factory.mktemp("prefect-home"))), COLUMNS="100")
     assert CONVEYOR is not None
     done = subprocess.run([CONVEYOR, "run"], cwd=tiny, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prefect_homes import new_home
 from projects import Project
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A PREFECT_HOME of the test's own; whatever server and warm runners it kept are stopped at the end."""
     from conveyor.cli.warm_runner import runners
 
-    home = tmp_path_factory.mktemp("kept-home")
+    home = new_home(tmp_path_factory.mktemp("kept-home"))
     yield home
     for pid in [*(proc.pid for proc in keepers(home)), *(runner.pid for runner in runners(home))]:
         with contextlib.suppress(ProcessLookupError):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Project
+from prefect_homes import new_home
 
 TASKS = '''
 import json, os, threading, time
@@ -279,7 +280,7 @@ def test_the_temporary_prefect_server_ends_with_the_run_even_on_kill_9(
         make_project: Callable[[], Project], tmp_path_factory: pytest.TempPathFactory) -> None:
     project = make_project()
     project.env = {k: v for k, v in project.env.items() if not k.startswith("PREFECT_API")}
-    project.env["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    project.env["PREFECT_HOME"] = str(new_home(tmp_path_factory.mktemp("prefect-home")))
     project.write("configs/pipeline.yaml", """
         pipeline: hold
         stages:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prefect_homes import new_home
 from projects import Project
 
 pytestmark = pytest.mark.slow
@@ -71,7 +72,7 @@ def stuck_project(make_project: Callable[[], Project], server: str,
 
 @pytest.fixture
 def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
-    return lambda: tmp_path_factory.mktemp("prefect-home")
+    return lambda: new_home(tmp_path_factory.mktemp("prefect-home"))
 
 
 def wait_both_started(project: Project, alive: Callable[[], bool], deadline_s: float = 240) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prefect_homes import new_home
 from projects import Project
 from subprocs import stop_group
 
@@ -171,7 +172,7 @@ def dvc_up_to_date(project: Project) -> bool:
 @pytest.mark.parametrize("server", ["configured", "temporary"])
 def test_a_server_killed_mid_run_costs_no_stage_and_the_run_ends_within_seconds(
         tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, server: str) -> None:
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = new_home(tmp_path_factory.mktemp("prefect-home"))
     project = dvc_project(tmp_path, home)
     with own_prefect_server(home) if server == "configured" else _no_server() as (url, own):
         if own is not None:
@@ -209,7 +210,7 @@ def _no_server() -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
 @pytest.mark.parametrize("server", ["refused", "silent"])
 def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_seconds(
         tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, server: str) -> None:
-    project = dvc_project(tmp_path, tmp_path_factory.mktemp("prefect-home"))
+    project = dvc_project(tmp_path, new_home(tmp_path_factory.mktemp("prefect-home")))
     with never_answering() if server == "silent" else _nobody_listening() as url:
         t0 = time.monotonic()
         done = project.conveyor("run", env={"PREFECT_API_URL": url}, timeout=300)

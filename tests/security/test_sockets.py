@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import psutil
 import pytest
+from prefect_homes import new_home
 from projects import Project
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def test_a_run_listens_on_loopback_only(make_project: Callable[[], Project],
                                          tmp_path_factory: pytest.TempPathFactory) -> None:
     project = make_project()
     project.env = {k: v for k, v in project.env.items() if not k.startswith("PREFECT_API")}
-    project.env["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    project.env["PREFECT_HOME"] = str(new_home(tmp_path_factory.mktemp("prefect-home")))
     project.write("tasks/__init__.py", "")
     project.write("tasks/hold.py", HOLD)
     project.write("configs/pipeline.yaml", """
