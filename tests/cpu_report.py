@@ -1,4 +1,4 @@
-"""Where the suite's CPU goes: ``PYTHONPATH=tests python -m pytest -p cpu_report``.
+"""Where the suite's CPU goes: ``python -m pytest -p tests.cpu_report`` (from the repository root).
 
 Each test's CPU seconds, those of its process and of the children it waited for
 (``resource.getrusage``; a server or cluster that a fixture keeps is counted in the test that
