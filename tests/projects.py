@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
+from repos import ANALYTICS_OFF, git_dvc_init
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,7 @@ class Project:
 
     def init_dvc(self) -> None:
         """Make the project a git + DVC repository, DVC's analytics off."""
-        for command in (("git", "init", "-q"), ("dvc", "init", "-q"), ("dvc", "config", "core.analytics", "false")):
-            self.sh(*command)
+        git_dvc_init(self.root, ANALYTICS_OFF)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """``conveyor`` as a terminal starts it: SIGINT at its default, even when the tests run

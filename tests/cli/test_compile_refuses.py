@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repos import git_dvc_init
 
 from conveyor.dvc.compile import HEADER, written_by_conveyor
 
@@ -53,8 +54,7 @@ def tiny(tmp_path: Path) -> Path:
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'tiny'\n")
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs/pipeline.yaml").write_text(SPEC)
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    git_dvc_init(tmp_path)
     return tmp_path
 
 

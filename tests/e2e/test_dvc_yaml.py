@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Project
+from repos import ANALYTICS_OFF, git_dvc_init
 
 DVC_YAML = """
 vars:
@@ -130,11 +131,9 @@ def dvc_repo(make_project: Callable[[], Project], dvc_yaml: str = DVC_YAML) -> P
     project.write("train.py", TRAIN)
     project.write("data/raw.txt", "l1\nl2\nl3\nl4\n")  # the frozen stage's out, made by hand
     (project.root / "reports").mkdir()
-    sh(project, "git", "init", "-q")
+    git_dvc_init(project.root, ANALYTICS_OFF)
     sh(project, "git", "config", "user.email", "test@example.com")
     sh(project, "git", "config", "user.name", "conveyor tests")
-    sh(project, "dvc", "init", "-q")
-    sh(project, "dvc", "config", "core.analytics", "false")
     project.write(".gitignore", "/.conveyor/\n")
     sh(project, "git", "add", "dvc.yaml", "params.yaml", "config.yaml", "train.py", ".gitignore", ".dvc")
     sh(project, "git", "commit", "-qm", "a DVC pipeline")
@@ -304,8 +303,7 @@ def test_a_bad_dvc_yaml_is_exit_2_with_file_line_and_key(make_project: Callable[
     """The CLI's side of the cases in tests/spec/test_dvc_yaml.py: one line each, exit 2, no traceback."""
     project = make_project()
     project.write("dvc.yaml", "stages:\n  a:\n    cmd: echo ${nope}\n")
-    sh(project, "git", "init", "-q")
-    sh(project, "dvc", "init", "-q")
+    git_dvc_init(project.root)
     done = project.conveyor("run")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "dvc.yaml:3 stages.a.cmd: Could not find 'nope'" in done.stderr
@@ -316,8 +314,7 @@ def test_compile_has_nothing_to_do_for_a_dvc_yaml(make_project: Callable[[], Pro
     project = make_project()
     (project.root / "pyproject.toml").unlink()
     project.write("dvc.yaml", "stages:\n  a:\n    cmd: echo hi > a.txt\n    outs: [a.txt]\n")
-    sh(project, "git", "init", "-q")
-    sh(project, "dvc", "init", "-q")
+    git_dvc_init(project.root)
     before = (project.root / "dvc.yaml").read_bytes()
     done = project.conveyor("compile")
     assert done.returncode == 2 and "runs dvc.yaml as it is: there is nothing to compile" in done.stderr

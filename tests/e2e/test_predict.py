@@ -9,7 +9,6 @@ is in test_existing_cluster.py.)
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from parquet_damage import damage_page
 from projects import LINEAR_FEATURES as FEATURES
 from projects import linear_model
 from projects import linear_scores as expected
+from repos import git_dvc_init
 
 from conveyor.errors import DamagedFileError
 from conveyor.parquet import read_table
@@ -155,8 +155,7 @@ def test_a_dvc_yaml_project_declares_its_model_in_the_placement_spec(linear_proj
     placed = ("dvc: ../dvc.yaml\nmodel:\n  files: {weights: models/linear.json}\n"
               "  features: models/linear.json:features\n  load: tasks.linear:load\n  predict: tasks.linear:predict\n")
     linear_project.write("configs/placed.yaml", placed)
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    git_dvc_init(root)
     ran = linear_project.conveyor("run", "-c", "configs/placed.yaml")
     assert ran.returncode == 0, ran.stdout + ran.stderr
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import pytest
 from conftest import Project
+from repos import ANALYTICS_OFF, git_dvc_init
 
 TASKS = '''
 import json
@@ -75,11 +76,9 @@ def sweep_project(make_project: Callable[[], Project]) -> Project:
     project.write("params.yaml", PARAMS)
     project.write("configs/pipeline.yaml", SPEC)
     project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
-    run(["git", "init", "-q"], project)
+    git_dvc_init(project.root, ANALYTICS_OFF)
     run(["git", "config", "user.email", "test@example.com"], project)
     run(["git", "config", "user.name", "conveyor tests"], project)
-    run(["dvc", "init", "-q"], project)
-    run(["dvc", "config", "core.analytics", "false"], project)
     assert project.conveyor("compile").returncode == 0
     run(["git", "add", "-A"], project)
     run(["git", "commit", "-qm", "sweep"], project)

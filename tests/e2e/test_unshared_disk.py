@@ -27,6 +27,7 @@ from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
 from projects import HALVES, assert_ran_on_remote
+from repos import ANALYTICS_OFF, git_dvc_init
 from subprocs import stop_group
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -155,9 +156,9 @@ def _with_remote(project: Project, store: Path) -> None:
     """Make the project a git + DVC repository whose default remote is the folder ``store``, its spec
     compiled to dvc.yaml."""
     project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
-    for argv in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
-                 ["git", "config", "user.name", "t"], ["dvc", "init", "-q"],
-                 ["dvc", "config", "core.analytics", "false"], ["dvc", "remote", "add", "-d", "store", str(store)]):
+    git_dvc_init(project.root, ANALYTICS_OFF)
+    for argv in (["git", "config", "user.email", "t@example.com"], ["git", "config", "user.name", "t"],
+                 ["dvc", "remote", "add", "-d", "store", str(store)]):
         _sh(project, *argv)
     assert project.conveyor("compile").returncode == 0  # dvc.yaml: DVC's dvc.lock and cache are the record
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import pytest
 from projects import RUN_PENDING_AND_DIE, Project
+from repos import git_dvc_init
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +59,7 @@ with record.session():
 def test_killed_while_writing_dvc_lock_leaves_the_previous_one_readable(
         make_project: Callable[[], Project]) -> None:
     project = make_project()
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=project.root, check=True, capture_output=True)
+    git_dvc_init(project.root)
     project.write("dvc.yaml", DVC_YAML.format(two="2"))
     first = project.conveyor("run")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -93,8 +93,7 @@ def killed_with_entries_pending(make_project: Callable[[], Project]) -> tuple[Pr
     """A project run once (two says 2), then run with two saying 3 and killed with two's new entry
     recorded in the pending log only; the project and its dvc.lock as the first run left it."""
     project = make_project()
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=project.root, check=True, capture_output=True)
+    git_dvc_init(project.root)
     project.write("dvc.yaml", DVC_YAML.format(two="2"))
     first = project.conveyor("run")
     assert first.returncode == 0, first.stdout + first.stderr

@@ -33,6 +33,7 @@ import psutil
 import pytest
 import yaml
 from projects import Project
+from repos import git_dvc_init
 
 T = TypeVar("T")
 MakeProject = Callable[[], Project]
@@ -91,8 +92,7 @@ def version_1(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str
             project = Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag}, tag)
             project.write("pyproject.toml", "[project]\nname = 'demo'\n")
             if dvc:
-                for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-                    subprocess.run(command, cwd=root, check=True, capture_output=True)
+                git_dvc_init(root)
                 project.write("dvc.yaml", DVC_YAML)
             else:
                 project.write("configs/pipeline.yaml", PIPELINE)

@@ -31,6 +31,7 @@ import psutil
 import pytest
 from prefect_homes import new_home
 from projects import Project
+from repos import git_dvc_init
 from subprocs import stop_group
 
 pytestmark = pytest.mark.slow
@@ -64,8 +65,7 @@ def dvc_project(tmp_path: Path, home: Path) -> Project:
     project = Project(root, env, tag)
     project.write("pyproject.toml", "[project]\nname = 'demo'\n")
     project.write("dvc.yaml", DVC_YAML.format(token=uuid.uuid4().hex))  # never in DVC's run cache
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    git_dvc_init(root)
     return project
 
 

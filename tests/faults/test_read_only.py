@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from projects import Project
+from repos import ANALYTICS_OFF, git_dvc_init
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +54,7 @@ def _dvc_project(make_project: Callable[[], Project], two: str = "cat one.txt > 
     project = make_project()
     (project.root / "pyproject.toml").unlink()
     project.write("dvc.yaml", DVC_YAML.format(two=two))
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
-        _sh(project.root, *command)
+    git_dvc_init(project.root, ANALYTICS_OFF)
     return project
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from projects import age
+from repos import git_dvc_init
 
 from conveyor.dvc import record as dvc_record
 from conveyor.dvc.stamps import FILE
@@ -44,8 +45,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "project"
     (root / "data" / "raw").mkdir(parents=True)
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    git_dvc_init(root)
     (root / "dvc.yaml").write_text(DVC_YAML)
     (root / "params.yaml").write_text("threshold: 0.5\n")
     (root / "data" / "raw" / "a.csv").write_text("x\n1\n")

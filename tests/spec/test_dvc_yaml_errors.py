@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from repos import git_dvc_init
 
 from conveyor.errors import SpecError
 from conveyor.spec.project import load_project
@@ -22,8 +23,7 @@ from conveyor.spec.project import load_project
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dvc-repo")
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    git_dvc_init(root)
     return root
 
 

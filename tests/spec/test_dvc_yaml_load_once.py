@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from repos import git_dvc_init
 
 from conveyor.dvc.record import DvcRecord
 from conveyor.spec.project import load_project
@@ -30,8 +31,7 @@ stages:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
+    git_dvc_init(tmp_path)
     (tmp_path / "dvc.yaml").write_text(DVC_YAML)
     return tmp_path
 

@@ -5,10 +5,10 @@ once), and the foreach or matrix item each stage was made from, in every form DV
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from repos import git_dvc_init
 
 from conveyor.spec.project import load_project
 
@@ -40,8 +40,7 @@ stages:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
+    git_dvc_init(tmp_path)
     (tmp_path / "dvc.yaml").write_text(DVC_YAML)
     (tmp_path / "params.yaml").write_text("lr: 0.1\nopt: {name: adam, beta: 0.9}\n")
     (tmp_path / "sub").mkdir()

@@ -5,11 +5,11 @@ is not plain (no DVC repository) is loaded, and its error raised."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from repos import git_dvc_init
 
 from conveyor.errors import SpecError
 from conveyor.spec.project import Project, load_project, locate
@@ -30,8 +30,7 @@ def same_as_loaded(spec: Path) -> None:
 
 def repo(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    git_dvc_init(root)
     return root
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 from projects import age
+from repos import git_dvc_init
 
 from conveyor.spec import dvcyaml, snapshot
 from conveyor.spec.project import Project, load_project
@@ -36,8 +36,7 @@ stages:
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "project"
     root.mkdir()
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    git_dvc_init(root)
     (root / "dvc.yaml").write_text(DVC_YAML)
     (root / "config.yaml").write_text("size: 3\n")
     (root / "params.yaml").write_text("threshold: 0.5\n")
