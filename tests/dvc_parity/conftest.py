@@ -12,6 +12,8 @@ a following ``dvc repro`` runs nothing (but the stages it always runs: without d
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -81,6 +83,15 @@ class Twins:
             assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
         return done
 
+    def prepare(self, root: Path, line: str) -> None:
+        """A line that sets a case up: a plain ``dvc`` command through DVC's command line in this
+        process (:func:`dvc_here`), anything else in a shell; it must succeed."""
+        if line.startswith("dvc ") and not _SHELL.search(line):
+            done = dvc_here(root, line.split()[1:], self.env)
+            assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
+        else:
+            self.sh(root, line)
+
     def make(self, case: Case) -> tuple[Path, Path]:
         """Two repositories with the case's files and setup: (for dvc, for conveyor)."""
         root = self.base / f"{re.sub(r'[^A-Za-z0-9]+', '-', case.id)[-60:]}-{uuid.uuid4().hex[:6]}"
@@ -90,12 +101,12 @@ class Twins:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
         for line in case.setup:
-            self.sh(root, line)
+            self.prepare(root, line)
         twin = root.with_name(root.name + "-conveyor")
         shutil.copytree(root, twin, symlinks=True, ignore=shutil.ignore_patterns("tmp"))
         for where in (root, twin):
             for line in case.then:
-                self.sh(where, line)
+                self.prepare(where, line)
         return root, twin
 
 
@@ -113,6 +124,32 @@ def twins(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, st
                  "printf '/.conveyor/\\n' > .gitignore", "git add -A", "git commit -qm init"):
         made.sh(template, line)
     return made
+
+
+# what a shell would read otherwise than as words: such a line runs in a shell
+_SHELL = re.compile(r"[|&;<>()$`*?\[\]{}~'\"\\]")
+
+
+def dvc_here(root: Path, argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """``dvc ARGV`` in ``root`` with ``env``, through DVC's command line (``dvc.cli.main``) in this
+    process, as DVC's own tests run it: a start of DVC costs 0.6 CPU-s, and a case is set up and
+    checked with two or three commands. ``dvc repro`` of the case itself runs as a process of its
+    own (:func:`run_twins`): what it prints is what a user reads."""
+    from dvc.cli import main  # before the streams are redirected: DVC's log handlers keep this process's
+
+    out, err = io.StringIO(), io.StringIO()
+    environ, cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        os.chdir(root)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(["dvc", *argv], code, out.getvalue(), err.getvalue())
 
 
 def ran_by_dvc(output: str) -> set[str]:
@@ -159,7 +196,9 @@ def cache_objects(root: Path) -> set[str]:
 
 def dvc_status(twins: Twins, root: Path) -> dict[str, Any]:
     """What ``dvc status`` says of a copy: ``{}`` when clean."""
-    found: dict[str, Any] = json.loads(twins.sh(root, "dvc status --json").stdout or "{}")
+    done = dvc_here(root, ["status", "--json"], twins.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found: dict[str, Any] = json.loads(done.stdout or "{}")
     return found
 
 
