@@ -50,22 +50,31 @@ if "dask" in sys.modules:  # imported before this file by a plugin: read the env
     dask.config.refresh()
 
 
-_TEMPLATE_HOME = pytest.StashKey[Path | None]()
+_TEMPLATE = pytest.StashKey[tuple[Path, "subprocess.Popen[bytes]"] | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Once per test run (in xdist's controller, before its test processes start, or in the one
-    process of ``-n0``): one migrated Prefect database, which each test process's server and the
-    tests' own Prefect homes start from (tests/prefect_homes.py)."""
+    process of ``-n0``): one Prefect database migrated in the background, which each test process's
+    server and the tests' own Prefect homes start from (tests/prefect_homes.py)."""
     if not hasattr(config, "workerinput"):
-        config.stash[_TEMPLATE_HOME] = migrate_template()
-    new_home(Path(os.environ["PREFECT_HOME"]))  # this process's own (above)
+        config.stash[_TEMPLATE] = migrate_template()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    made = config.stash.get(_TEMPLATE_HOME, None)
+    made = config.stash.get(_TEMPLATE, None)
     if made is not None:
-        shutil.rmtree(made, ignore_errors=True)
+        home, migrating = made
+        migrating.kill()  # long done, unless no test waited for it
+        migrating.wait()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_home_migrated() -> None:
+    """This process's own PREFECT_HOME (above) starts from the migrated database too, for the tests
+    whose runs start conveyor's own server there."""
+    new_home(Path(_SESSION_ENVIRON["PREFECT_HOME"]))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
