@@ -1,7 +1,7 @@
 """New git + DVC repositories for the tests: ``git init -q && dvc init -q``, made once and copied.
 
-``dvc init`` costs a start of DVC (0.7 CPU-seconds here), and over a hundred tests make a
-repository of their own. :func:`git_dvc_init` runs the commands once per test process, in a
+``dvc init`` costs a start of DVC (0.7 CPU-seconds here), and many tests make a repository of
+their own. :func:`git_dvc_init` runs the commands once per test process, in a
 folder of its own, and copies what they made (``.git``, ``.dvc``, ``.dvcignore``) into each new
 repository: none of it names its folder, so the copy is what the commands would have made
 there, files staged in git's index as ``dvc init`` leaves them. DVC's scratch folder
