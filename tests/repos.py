@@ -14,7 +14,6 @@ import atexit
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 INIT = (("git", "init", "-q"), ("dvc", "init", "-q"))
@@ -34,14 +33,9 @@ def git_dvc_init(root: Path, commands: tuple[tuple[str, ...], ...] = INIT) -> Pa
     root.mkdir(parents=True, exist_ok=True)
     for entry in template.iterdir():
         if entry.is_dir():
-            shutil.copytree(entry, root / entry.name, symlinks=True, ignore=_dvc_tmp(entry))
+            scratch = shutil.ignore_patterns("tmp") if entry.name == ".dvc" else None
+            shutil.copytree(entry, root / entry.name, symlinks=True, ignore=scratch)
         else:
             shutil.copy2(entry, root / entry.name)
     return root
 
-
-def _dvc_tmp(top: Path) -> Callable[[str, list[str]], list[str]]:
-    def ignored(folder: str, names: list[str]) -> list[str]:
-        return ["tmp"] if Path(folder) == top and top.name == ".dvc" else []
-
-    return ignored
