@@ -28,6 +28,7 @@ def kept_project(make_project: Callable[[], Project], home: Path, idle: str = "1
     project = make_project()
     project.env = {k: v for k, v in project.env.items() if not k.startswith("PREFECT_API")}
     project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE=idle)
+    project.env.pop("CONVEYOR_WARM_IDLE", None)  # the suite's (tests/conftest.py): runners idle as the server
     project.write("configs/pipeline.yaml", """
         pipeline: kept
         stages:

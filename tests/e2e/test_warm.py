@@ -35,7 +35,8 @@ def warm_project(make_project: Callable[[], Project], home: Path, idle: str = "1
     """A project whose runs use warm runners kept under ``home`` (the session's Prefect server)."""
     project = make_project()
     project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE=idle)
-    project.env.pop("CONVEYOR_WARM", None)
+    for name in ("CONVEYOR_WARM", "CONVEYOR_WARM_IDLE"):  # the suite's own settings (tests/conftest.py)
+        project.env.pop(name, None)
     project.init_dvc()
     project.write("ancestry.py", ANCESTRY)
     project.write("dvc.yaml", """
@@ -118,6 +119,8 @@ def test_a_run_after_the_first_is_forked_by_the_warm_runner_and_is_the_command_i
     [state] = ready(home)
     [runner] = runners(home)
     assert runner.pid == state["pid"]
+    # it imports without what it may differ in: the terminal's COLUMNS, the CONVEYOR_WARM_IGNORE'd tag
+    assert not {"COLUMNS", "CONVEYOR_TEST_TAG"} & set(runner.environ())
 
     again = project.conveyor("run", "-f", "-v", env={"COLUMNS": "123"})  # a volatile variable: the same runner
     assert again.returncode == 0, again.stderr
@@ -222,7 +225,7 @@ def test_the_runner_ends_after_its_idle_time(make_project: Callable[[], Project]
 
 def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Path) -> None:
     project = warm_project(make_project, home)
-    for env in ({"CONVEYOR_WARM": "0"}, {"CONVEYOR_SERVER_IDLE": "0"}):
+    for env in ({"CONVEYOR_WARM": "0"}, {"CONVEYOR_SERVER_IDLE": "0"}, {"CONVEYOR_WARM_IDLE": "0"}):
         done = project.conveyor("run", "-f", env=env)
         assert done.returncode == 0, done.stderr
     assert not runners(home)  # one would be there already: it starts with the run, and waits for it to end
@@ -245,6 +248,11 @@ def test_a_runner_is_named_by_the_user_and_the_configuration_not_the_terminal() 
     assert key() == before  # a terminal's width is not the process's configuration
     os.environ["CONVEYOR_OTHER"] = "1"
     assert key() != before
+    os.environ["CONVEYOR_WARM_IGNORE"] = "JOB_ID, CONVEYOR_TEST_TAG"
+    os.environ["JOB_ID"] = "1"
+    ignoring = key()
+    os.environ["JOB_ID"] = "2"
+    assert key() == ignoring  # named in CONVEYOR_WARM_IGNORE: only the tasks read it, as they run
 
 
 def _on_a_terminal(project: Project, env: dict[str, str]) -> bytes:

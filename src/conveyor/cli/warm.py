@@ -18,13 +18,16 @@ A runner serves only runs that a fresh process would run exactly as it does: the
 ``sys.path``, flags, user, groups, CPU set, resource limits, namespaces and cgroup, the same
 installed packages (the modification times of every ``sys.path`` folder: an install or upgrade
 changes them) and the same environment but for variables that only describe the terminal or
-shell (:data:`VOLATILE`). Anything else gets a runner of its own; at most
-:data:`conveyor.cli.warm_runner.MAX_RUNNERS` are kept per ``PREFECT_HOME``. It runs on Linux
-(abstract Unix sockets, ``SO_PEERCRED``: only the same user is served), is found by a name
-derived from all of the above, and ends :envvar:`CONVEYOR_SERVER_IDLE` seconds (the kept Prefect
-server's idle time, 900 by default) after its last run; ``conveyor server status`` lists it and
-``conveyor server stop`` stops it. ``CONVEYOR_WARM=0`` (or ``CONVEYOR_SERVER_IDLE=0``) runs
-every command here, as before.
+shell (:data:`VOLATILE`), and those named in ``CONVEYOR_WARM_IGNORE`` (comma-separated: what
+only the tasks read, as they run, e.g. a CI job's id). Anything else gets a runner of its own; at
+most :data:`conveyor.cli.warm_runner.MAX_RUNNERS` are kept per ``PREFECT_HOME``. A runner starts
+with the environment of the run that started it less those variables (it imports with them
+unset; each child gets its own client's). It runs on Linux (abstract Unix sockets,
+``SO_PEERCRED``: only the same user is served), is found by a name derived from all of the
+above, and ends ``CONVEYOR_WARM_IDLE`` seconds after its last run (by default the kept Prefect
+server's idle time, ``CONVEYOR_SERVER_IDLE``: 900); ``conveyor server status`` lists it and
+``conveyor server stop`` stops it. ``CONVEYOR_WARM=0`` (or an idle time of 0) runs every command
+here, as before.
 
 Standard library only, and no import of conveyor beyond this package: the hand-over is on every run's path.
 """
@@ -84,8 +87,9 @@ def eligible(args: list[str]) -> str | None:
 
 
 def idle_s() -> float | None:
-    """``CONVEYOR_SERVER_IDLE`` (seconds; 900 unset), or None for 0 or a value the command itself will refuse."""
-    raw = os.environ.get("CONVEYOR_SERVER_IDLE", "").strip()
+    """How long a runner waits unused: ``CONVEYOR_WARM_IDLE`` where set, else ``CONVEYOR_SERVER_IDLE`` (900
+    unset), in seconds; None for 0 or a value that is not a number of seconds (no runner)."""
+    raw = os.environ.get("CONVEYOR_WARM_IDLE", "").strip() or os.environ.get("CONVEYOR_SERVER_IDLE", "").strip()
     try:
         value = float(raw) if raw else 900.0
     except ValueError:
@@ -95,7 +99,7 @@ def idle_s() -> float | None:
 
 def key() -> str:
     """What a fresh ``conveyor`` process would depend on, hashed: a runner serves one key only."""
-    env = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE)
+    env = sorted(_lasting_environ().items())
     limits = [resource.getrlimit(getattr(resource, name)) for name in _LIMITS if hasattr(resource, name)]
     namespaces = [_readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "pid", "net", "user", "ipc", "uts")]
     try:
@@ -108,6 +112,12 @@ def key() -> str:
              os.getuid(), os.geteuid(), os.getgid(), sorted(os.getgroups()), sorted(os.sched_getaffinity(0)),
              limits, namespaces, cgroup, env]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+
+def _lasting_environ() -> dict[str, str]:
+    """The environment less what a runner may differ in: :data:`VOLATILE` and ``CONVEYOR_WARM_IGNORE``'s names."""
+    ignored = VOLATILE | {name.strip() for name in os.environ.get("CONVEYOR_WARM_IGNORE", "").split(",")}
+    return {k: v for k, v in os.environ.items() if k not in ignored}
 
 
 def address(runner_key: str) -> str:
@@ -246,8 +256,8 @@ def spawn(runner_key: str) -> None:
     try:
         read, write = os.pipe()  # the runner waits for this process's end: the write end closes with it
         subprocess.Popen([sys.executable, "-c", _SERVE, runner_key, str(read), json.dumps(sys.path)],
-                         pass_fds=(read,), cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+                         pass_fds=(read,), cwd="/", env=_lasting_environ(), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         os.close(read)
         _HELD.append(write)
     except OSError:

@@ -13,9 +13,9 @@ now) and runs the command; the runner sends the child's pid and then its wait st
 It forks only from a single thread (checked after the imports): nothing is locked in a child.
 A child dies with the runner (``PR_SET_PDEATHSIG``) and is killed when its client goes (kill
 -9 of ``conveyor``): the runner sees the connection close. The runner ends when no child has
-run for ``CONVEYOR_SERVER_IDLE`` seconds, on SIGTERM once its children have ended (``conveyor
-server stop``: runs under way finish), and when more than :data:`MAX_RUNNERS` runners of one
-``PREFECT_HOME`` are up (the one used least recently goes). Its files, in
+run for its idle time (``CONVEYOR_WARM_IDLE``, else ``CONVEYOR_SERVER_IDLE``), on SIGTERM once
+its children have ended (``conveyor server stop``: runs under way finish), and when more than
+:data:`MAX_RUNNERS` runners of one ``PREFECT_HOME`` are up (the one used least recently goes). Its files, in
 ``PREFECT_HOME/conveyor-server/warm/``: ``KEY.json`` (pid, start, idle time, runs served: -1
 while it waits and imports; rewritten at each run) and ``KEY.log`` (its standard error).
 """
