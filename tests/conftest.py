@@ -15,9 +15,11 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from prefect_homes import migrate_template, new_home
 from subprocs import stop_group
@@ -27,6 +29,14 @@ from subprocs import stop_group
 # unless the test asks for a kept one (tests/e2e/test_kept_server.py) and stops it: no test leaves
 # a server behind for its idle time.
 os.environ.setdefault("CONVEYOR_SERVER_IDLE", "0")
+# The runs themselves are forked by a warm runner (conveyor.cli.warm), as a user's are: one per
+# test process and environment, shared by the tests (each test's tag and pytest's own variable
+# left out of its key), ended when the test process ends (_warm_runners_end) and after 30 s unused.
+# A test process's runs would otherwise spend 1.1 of their 1.6 CPU-seconds importing Prefect & co.
+os.environ.setdefault("CONVEYOR_WARM_IDLE", "30")
+os.environ["CONVEYOR_WARM_IGNORE"] = "CONVEYOR_TEST_TAG,PYTEST_CURRENT_TEST"
+# This test process's runners, found by it at its end (and by no other test run's)
+os.environ["CONVEYOR_TESTS_SESSION"] = uuid.uuid4().hex
 # Nor does a test read the user's own PREFECT_HOME: a server kept there by the user's own
 # `conveyor run` (the README's first command) would show in `conveyor runs` and the like.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="conveyor-tests-prefect-home-")
@@ -75,6 +85,25 @@ def _prefect_home_migrated() -> None:
     """This process's own PREFECT_HOME (above) starts from the migrated database too, for the tests
     whose runs start conveyor's own server there."""
     new_home(Path(_SESSION_ENVIRON["PREFECT_HOME"]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_runners_end() -> Iterator[None]:
+    """The warm runners this test process's runs started (whatever their PREFECT_HOME) end with it:
+    SIGTERM (a runner ends once its runs have), then SIGKILL for any still there after 30 s."""
+    yield
+    mine = []
+    for proc in psutil.process_iter():
+        try:
+            if "conveyor.cli.warm_runner" in " ".join(proc.cmdline()) and \
+                    proc.environ().get("CONVEYOR_TESTS_SESSION") == os.environ["CONVEYOR_TESTS_SESSION"]:
+                proc.terminate()
+                mine.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    _, alive = psutil.wait_procs(mine, timeout=30)
+    for proc in alive:
+        proc.kill()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -76,15 +76,30 @@ class Project:
         return left
 
     def tagged_processes(self) -> list[psutil.Process]:
-        """Processes started by this project's runs (they inherit its tag), still alive."""
+        """Processes started by this project's runs (they inherit its tag), still alive, and a run a
+        warm runner forked in the project (its /proc environ is the runner's, which has no tag)."""
         found = []
         for proc in psutil.process_iter():
             try:
-                if proc.environ().get("CONVEYOR_TEST_TAG") == self.tag:
+                if proc.environ().get("CONVEYOR_TEST_TAG") == self.tag or _forked_here(proc, self.root):
                     found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return found
+
+
+    def run_pid(self, proc: subprocess.Popen[str]) -> int:
+        """The process that runs the pipeline of ``proc`` (a ``conveyor run`` under way): ``proc``
+        itself, or the child a warm runner forked for it (``proc`` stays as its stand-in)."""
+        forked = [p.pid for p in self.tagged_processes() if _forked_here(p, self.root)]
+        return forked[0] if forked else proc.pid
+
+
+def _forked_here(proc: psutil.Process, root: Path) -> bool:
+    """Whether ``proc`` is a run forked by a warm runner (conveyor.cli.warm_runner) in ``root``."""
+    parent = proc.parent()
+    return (parent is not None and "conveyor.cli.warm_runner" in " ".join(parent.cmdline())
+            and Path(proc.cwd()).is_relative_to(root))
 
 
 def _default_sigint() -> None:

@@ -235,7 +235,8 @@ def test_sigint_delivered_to_another_thread_than_the_main_one_still_stops_the_ru
     wait_both_started(project, lambda: proc.poll() is None)
     t0 = time.monotonic()
     tgkill = ctypes.CDLL(None, use_errno=True).tgkill
-    assert tgkill(proc.pid, _signalled_thread(proc.pid), signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+    run = project.run_pid(proc)
+    assert tgkill(run, _signalled_thread(run), signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out[-3000:]
     assert time.monotonic() - t0 < 20
