@@ -171,12 +171,12 @@ def test_two_projects_running_at_once_start_one_server_and_both_land_in_it(
     assert "database is locked" not in log and "Traceback" not in log, log
 
 
-def test_a_set_prefect_api_url_keeps_no_server(make_project: Callable[[], Project]) -> None:
-    project = make_project()  # the session's server, by PREFECT_API_URL
-    project.env["CONVEYOR_SERVER_IDLE"] = "60"
+def test_a_set_prefect_api_url_keeps_no_server(make_project: Callable[[], Project], home: Path) -> None:
+    project = make_project()  # the session's server, by PREFECT_API_URL; a home of the test's own (no runner yet)
+    project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE="60")
+    project.env.pop("CONVEYOR_WARM_IDLE", None)  # the suite's (tests/conftest.py): runners idle as the server
     project.write("configs/pipeline.yaml", "pipeline: p\nstages:\n  one: {cmd: echo 1 > one.txt, outs: [one.txt]}\n")
     assert project.conveyor("run").returncode == 0
-    home = Path(project.env["PREFECT_HOME"])
     assert not (home / "conveyor-server/server.json").exists() and not keepers(home)
     status = project.conveyor("server", "status")
     assert status.returncode == 0 and "PREFECT_API_URL is set" in status.stdout
