@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -253,6 +254,35 @@ def test_a_runner_is_named_by_the_user_and_the_configuration_not_the_terminal() 
     ignoring = key()
     os.environ["JOB_ID"] = "2"
     assert key() == ignoring  # named in CONVEYOR_WARM_IGNORE: only the tasks read it, as they run
+
+
+# A runner's imports (replaced here) take the SIGTERM of `conveyor server stop` and a bare
+# `except:` in them swallows its SystemExit, as a library's import may.
+SWALLOWED_STOP = """
+import os, signal, sys, uuid
+from conveyor.cli import warm_runner
+
+def swallowing():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs here
+    except:  # noqa: E722
+        pass
+
+warm_runner._preload = swallowing
+read, write = os.pipe()
+os.close(write)  # the run that started it has ended
+warm_runner.serve(uuid.uuid4().hex, read)
+print("ended")
+"""
+
+
+def test_a_runner_stopped_while_it_imports_ends_even_where_an_import_swallowed_the_stop(tmp_path: Path) -> None:
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "CONVEYOR_WARM_IDLE": "600"}
+    done = subprocess.run([sys.executable, "-c", SWALLOWED_STOP], env=env, capture_output=True, text=True,
+                          timeout=60)  # else it serves for its 600 s
+    assert done.returncode == 0 and done.stdout == "ended\n", done.stdout
+    assert not list((tmp_path / "conveyor-server/warm").glob("*.json"))  # no longer listed
 
 
 def _on_a_terminal(project: Project, env: dict[str, str]) -> bytes:

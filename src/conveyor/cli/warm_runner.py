@@ -140,6 +140,8 @@ def serve(runner_key: str, wait_fd: int) -> None:
 
         bounded_environ()  # as every run sets them, before Prefect reads its settings
         _preload()
+        if _LEAVING:  # stopped while importing, and a library's bare `except:` took the SystemExit
+            return
         if threading.active_count() > 1:  # a fork would copy held locks: serve nothing
             print(f"conveyor warm runner: threads after the imports ({threading.enumerate()}): not serving",
                   file=sys.stderr)
@@ -156,8 +158,14 @@ def serve(runner_key: str, wait_fd: int) -> None:
             state.unlink()
 
 
+_LEAVING: list[int] = []  # the SIGTERM received before the runner serves
+
+
 def _leave(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM before the runner serves: it ends at once (its state file removed on the way out)."""
+    """SIGTERM before the runner serves: it ends at once (its state file removed on the way out), or
+    right after its imports where one of them swallowed the exit (``conveyor server stop`` just after
+    a first run found a runner serving for its whole idle time)."""
+    _LEAVING.append(signum)
     raise SystemExit(0)
 
 
@@ -190,7 +198,7 @@ class _Loop:
         self.idle, self.state = idle, state
         self.started, self.served = started, 0
         self.children: dict[int, socket.socket] = {}
-        self.stopping = False
+        self.stopping = bool(_LEAVING)
         self.last = time.monotonic()
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
