@@ -31,10 +31,10 @@ from subprocs import stop_group
 os.environ.setdefault("CONVEYOR_SERVER_IDLE", "0")
 # The runs themselves are forked by a warm runner (conveyor.cli.warm), as a user's are: one per
 # test process and environment, shared by the tests (each test's tag and pytest's own variable
-# left out of its key), ended when the test process ends (_warm_runners_end) and after 30 s unused
-# (those of the session's Prefect server, which most runs use, only with the session).
-# A test process's runs would otherwise spend 1.1 of their 1.6 CPU-seconds importing Prefect & co.
-os.environ.setdefault("CONVEYOR_WARM_IDLE", "30")
+# left out of its key), ended when the test process ends (_warm_runners_end) and after 2 min unused
+# (the runner of a test's own PREFECT_HOME, not the session's, serves that test alone). A test
+# process's runs would otherwise spend 1.1 of their 1.6 CPU-seconds importing Prefect & co.
+os.environ.setdefault("CONVEYOR_WARM_IDLE", "120")
 os.environ["CONVEYOR_WARM_IGNORE"] = "CONVEYOR_TEST_TAG,PYTEST_CURRENT_TEST"
 # This test process's runners, found by it at its end (and by no other test run's)
 os.environ["CONVEYOR_TESTS_SESSION"] = uuid.uuid4().hex
@@ -196,10 +196,8 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     url = f"http://127.0.0.1:{port}/api"
     try:
         _wait_healthy(url, proc, 120)
-        # the runs against this server share a warm runner for the whole session (ended with it,
-        # by _warm_runners_end): a long test without runs would otherwise outlast its idle time
         yield {"PREFECT_HOME": str(home), "PREFECT_API_URL": url,
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "CONVEYOR_WARM_IDLE": "3600"}
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     finally:
         stop_group(proc, timeout=30)
         log.close()
