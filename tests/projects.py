@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -87,12 +88,14 @@ class Project:
                 continue
         return found
 
-
     def run_pid(self, proc: subprocess.Popen[str]) -> int:
         """The process that runs the pipeline of ``proc`` (a ``conveyor run`` under way): ``proc``
         itself, or the child a warm runner forked for it (``proc`` stays as its stand-in)."""
-        forked = [p.pid for p in self.tagged_processes() if _forked_here(p, self.root)]
-        return forked[0] if forked else proc.pid
+        for candidate in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if _forked_here(candidate, self.root):
+                    return candidate.pid
+        return proc.pid
 
 
 def _forked_here(proc: psutil.Process, root: Path) -> bool:
