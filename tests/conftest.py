@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from prefect_homes import migrate_template, new_home
-from subprocs import stop_group
+from subprocs import is_warm_runner, stop_group
 
 # A run without PREFECT_API_URL keeps a Prefect server for the runs after it (conveyor.prefect.kept).
 # In the tests that take PREFECT_API_URL away, the server is the run's own (it ends with the run)
@@ -96,7 +96,7 @@ def _warm_runners_end() -> Iterator[None]:
     mine = []
     for proc in psutil.process_iter():
         try:
-            if "conveyor.cli.warm_runner" in " ".join(proc.cmdline()) and \
+            if is_warm_runner(proc) and \
                     proc.environ().get("CONVEYOR_TESTS_SESSION") == os.environ["CONVEYOR_TESTS_SESSION"]:
                 proc.terminate()
                 mine.append(proc)

@@ -21,6 +21,7 @@ import pandas as pd
 import psutil
 import pytest
 from repos import ANALYTICS_OFF, git_dvc_init
+from subprocs import is_warm_runner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,8 +102,7 @@ class Project:
 def _forked_here(proc: psutil.Process, root: Path) -> bool:
     """Whether ``proc`` is a run forked by a warm runner (conveyor.cli.warm_runner) in ``root``."""
     parent = proc.parent()
-    return (parent is not None and "conveyor.cli.warm_runner" in " ".join(parent.cmdline())
-            and Path(proc.cwd()).is_relative_to(root))
+    return parent is not None and is_warm_runner(parent) and Path(proc.cwd()).is_relative_to(root)
 
 
 def _default_sigint() -> None:

@@ -71,3 +71,9 @@ def wait_until_none(tag: str, timeout: float = 5.0) -> list[psutil.Process]:
     while (left := marked(tag)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+def is_warm_runner(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a warm runner (conveyor.cli.warm_runner) or a run it forked: both have its
+    command line (a caller tells them apart by the parent)."""
+    return "conveyor.cli.warm_runner" in " ".join(proc.cmdline())

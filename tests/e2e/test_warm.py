@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from projects import Project
+from subprocs import is_warm_runner
 
 HOLD = "touch started && while [ ! -e release ]; do sleep 0.05; done && echo done > held.txt"
 
@@ -69,10 +70,8 @@ def runners(home: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            line = " ".join(proc.cmdline())
-            if "conveyor.cli.warm_runner" in line and proc.environ().get("PREFECT_HOME") == str(home) \
-                    and proc.status() != psutil.STATUS_ZOMBIE \
-                    and "conveyor.cli.warm_runner" not in " ".join(proc.parent().cmdline()):
+            if is_warm_runner(proc) and proc.environ().get("PREFECT_HOME") == str(home) \
+                    and proc.status() != psutil.STATUS_ZOMBIE and not is_warm_runner(proc.parent()):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
