@@ -140,7 +140,9 @@ def dvc_here(root: Path, argv: list[str], env: Mapping[str, str]) -> subprocess.
     out, err = io.StringIO(), io.StringIO()
     environ, cwd = dict(os.environ), os.getcwd()
     os.environ.clear()
-    os.environ.update(env)
+    # DVC_TEST, as DVC's own tests set it: without it, ``--json`` output goes through colorama's
+    # deinit, which puts back the streams colorama saw at import and so escapes the redirection
+    os.environ.update(env, DVC_TEST="true")
     try:
         os.chdir(root)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -198,7 +200,7 @@ def dvc_status(twins: Twins, root: Path) -> dict[str, Any]:
     """What ``dvc status`` says of a copy: ``{}`` when clean."""
     done = dvc_here(root, ["status", "--json"], twins.env)
     assert done.returncode == 0, done.stdout + done.stderr
-    found: dict[str, Any] = json.loads(done.stdout or "{}")
+    found: dict[str, Any] = json.loads(done.stdout)  # "{}" when clean: never empty
     return found
 
 
