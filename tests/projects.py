@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
-from repos import ANALYTICS_OFF, git_dvc_init
+from repos import ANALYTICS_OFF, dvc, git_dvc_init
 from subprocs import is_warm_runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,10 +46,13 @@ class Project:
         return subprocess.run(["conveyor", *args], cwd=self.root, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
 
-    def sh(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """A command (git, dvc, ...) in the project with its environment; it must succeed."""
-        done = subprocess.run(args, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
+    def sh(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A command (git, dvc, ...) in the project with its environment; with ``check``, it must
+        succeed. DVC's commands that set a repository up or read it run in this process (:func:`repos.dvc`)."""
+        done = dvc(self.root, *args[1:], env=self.env) if args[0] == "dvc" else \
+            subprocess.run(args, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=300)
+        if check:
+            assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
         return done
 
     def init_dvc(self) -> None:

@@ -6,14 +6,23 @@ folder of its own, and copies what they made (``.git``, ``.dvc``, ``.dvcignore``
 repository: none of it names its folder, so the copy is what the commands would have made
 there, files staged in git's index as ``dvc init`` leaves them. DVC's scratch folder
 (``.dvc/tmp``) is not copied: DVC makes it again when it needs it, as after a user removes it.
+
+:func:`dvc` runs the DVC commands that set a repository up or read it (``dvc status``, ``config``,
+``remote``, ``add``...) through DVC's command line in this process (``dvc.cli.main``), as DVC's own
+tests run them: each would otherwise be a start of DVC, 0.5 CPU-seconds. What a test compares
+with ``conveyor`` (``dvc repro``, ``exp``, ``push``/``pull``) stays a process of its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import io
+import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 INIT = (("git", "init", "-q"), ("dvc", "init", "-q"))
@@ -28,7 +37,9 @@ def git_dvc_init(root: Path, commands: tuple[tuple[str, ...], ...] = INIT) -> Pa
         template = Path(tempfile.mkdtemp(prefix="conveyor-tests-repo-"))
         atexit.register(shutil.rmtree, template, True)
         for command in commands:
-            subprocess.run(command, cwd=template, check=True, capture_output=True, timeout=120)
+            done = dvc(template, *command[1:]) if command[0] == "dvc" else \
+                subprocess.run(command, cwd=template, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
         _MADE[commands] = template
     root.mkdir(parents=True, exist_ok=True)
     for entry in template.iterdir():
@@ -39,3 +50,37 @@ def git_dvc_init(root: Path, commands: tuple[tuple[str, ...], ...] = INIT) -> Pa
             shutil.copy2(entry, root / entry.name)
     return root
 
+
+
+# DVC's commands that only read a repository or set it up: nothing of them outlives the call
+IN_PROCESS = frozenset({"init", "status", "config", "remote", "metrics", "params", "data", "add", "checkout"})
+
+
+def dvc(root: Path, *argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``dvc ARGV`` in ``root`` with ``env`` (this process's by default): in this process for the
+    commands of :data:`IN_PROCESS`, a process of its own for the others."""
+    if argv and argv[0] in IN_PROCESS:
+        return dvc_here(root, list(argv), os.environ if env is None else env)
+    return subprocess.run(["dvc", *argv], cwd=root, env=None if env is None else dict(env), capture_output=True,
+                          text=True, timeout=300)
+
+
+def dvc_here(root: Path, argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """``dvc ARGV`` in ``root`` with ``env``, through DVC's command line (``dvc.cli.main``) in this
+    process, as DVC's own tests run it (``DVC_TEST`` set, as they set it: without it, ``--json``
+    output goes through colorama's deinit, which puts back the streams colorama saw at import)."""
+    from dvc.cli import main  # before the streams are redirected: DVC's log handlers keep this process's
+
+    out, err = io.StringIO(), io.StringIO()
+    environ, cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env, DVC_TEST="true")
+    try:
+        os.chdir(root)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(["dvc", *argv], code, out.getvalue(), err.getvalue())

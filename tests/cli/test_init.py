@@ -14,6 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from kernels import KERNEL_PATHS
+from repos import dvc
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,8 +59,9 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
         forced = run(["conveyor", "run", "--force"], root, {**env, **kernels})
         assert forced.returncode == 0, forced.stdout + forced.stderr
         assert (root / "dvc.lock").read_text() == lock, name
-    dvc = run(["dvc", "status"], root, env)
-    assert dvc.returncode == 0 and "Data and pipelines are up to date." in dvc.stdout, dvc.stdout + dvc.stderr
+    status = dvc(root, "status", env=env)
+    assert status.returncode == 0 and "Data and pipelines are up to date." in status.stdout, \
+        status.stdout + status.stderr
 
     # right after its first run, a new project serves its model (no champion yet: the latest run's)
     server = subprocess.Popen(["conveyor", "serve-model", "--port", "0"], cwd=root, env=env, text=True,
@@ -109,7 +111,7 @@ def test_a_new_project_says_how_to_test_it_points_editors_at_the_schema_and_dvc_
     # git ignores the stage outs, not the project's own inputs beside them
     (root / "data").mkdir()
     (root / "data/my.csv").write_text("x,y\n1,2\n")
-    added = run(["dvc", "add", "data/my.csv"], root)
+    added = dvc(root, "add", "data/my.csv")
     assert added.returncode == 0, added.stdout + added.stderr
     assert (root / "data/my.csv.dvc").is_file()
     outs = ["data/raw.csv", "data/features/part.0.parquet", "models/scaler.json", "models/model.json"]

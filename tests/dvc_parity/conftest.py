@@ -12,8 +12,6 @@ a following ``dvc repro`` runs nothing (but the stages it always runs: without d
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -28,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+from repos import dvc_here
 
 # not compared byte for byte: conveyor's own state, DVC's scratch, git, and the cache (its objects are)
 SKIPPED = (".conveyor", ".git", ".dvc/tmp", ".dvc/cache")
@@ -128,30 +127,6 @@ def twins(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, st
 
 # what a shell would read otherwise than as words: such a line runs in a shell
 _SHELL = re.compile(r"[|&;<>()$`*?\[\]{}~'\"\\]")
-
-
-def dvc_here(root: Path, argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    """``dvc ARGV`` in ``root`` with ``env``, through DVC's command line (``dvc.cli.main``) in this
-    process, as DVC's own tests run it: a start of DVC costs 0.6 CPU-s, and a case is set up and
-    checked with two or three commands. ``dvc repro`` of the case itself runs as a process of its
-    own (:func:`run_twins`): what it prints is what a user reads."""
-    from dvc.cli import main  # before the streams are redirected: DVC's log handlers keep this process's
-
-    out, err = io.StringIO(), io.StringIO()
-    environ, cwd = dict(os.environ), os.getcwd()
-    os.environ.clear()
-    # DVC_TEST, as DVC's own tests set it: without it, ``--json`` output goes through colorama's
-    # deinit, which puts back the streams colorama saw at import and so escapes the redirection
-    os.environ.update(env, DVC_TEST="true")
-    try:
-        os.chdir(root)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(argv)
-    finally:
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(environ)
-    return subprocess.CompletedProcess(["dvc", *argv], code, out.getvalue(), err.getvalue())
 
 
 def ran_by_dvc(output: str) -> set[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, Project
+from repos import dvc
 
 TASKS = '''
 import json, time
@@ -49,14 +50,6 @@ def git(project: Project, *args: str) -> str:
     return done.stdout
 
 
-def dvc(project: Project, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["dvc", *args], cwd=project.root, env=project.env, capture_output=True, text=True,
-                          timeout=300)
-    if check:
-        assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def dvc_project(make_project: Callable[[], Project], d_task: str = "write") -> Project:
     """A git + DVC repo holding the pipeline above, compiled and committed."""
     project = make_project()
@@ -77,8 +70,8 @@ def dvc_project(make_project: Callable[[], Project], d_task: str = "write") -> P
     git(project, "init", "-q")
     git(project, "config", "user.email", "test@example.com")
     git(project, "config", "user.name", "conveyor tests")
-    dvc(project, "init", "-q")
-    dvc(project, "config", "core.analytics", "false")
+    project.sh("dvc", "init", "-q")
+    project.sh("dvc", "config", "core.analytics", "false")
     assert project.conveyor("compile").returncode == 0
     git(project, "add", "-A")
     git(project, "commit", "-qm", "pipeline")
@@ -86,7 +79,7 @@ def dvc_project(make_project: Callable[[], Project], d_task: str = "write") -> P
 
 
 def stale_in_dvc_status(project: Project) -> set[str]:
-    done = dvc(project, "status", "--json")
+    done = project.sh("dvc", "status", "--json")
     return set(json.loads(done.stdout))
 
 
@@ -144,7 +137,7 @@ def test_one_fingerprint_for_conveyor_run_and_dvc_repro(make_project: Callable[[
     assert conveyor_status(project) == {"a": "", "b": "params changed: b.n 2 → 5",
                                         "c": "upstream 'b' is stale", "d": ""}
 
-    repro = dvc(project, "repro")
+    repro = project.sh("dvc", "repro")
     assert "Running stage 'b'" in repro.stdout and "Running stage 'a'" not in repro.stdout
     assert project.conveyor("run").returncode == 0
     assert set(statuses(project).values()) == {"skipped"}
@@ -154,7 +147,7 @@ def test_one_fingerprint_for_conveyor_run_and_dvc_repro(make_project: Callable[[
 @pytest.mark.slow
 def test_dvc_repro_first_then_conveyor_skips(make_project: Callable[[], Project]) -> None:
     project = dvc_project(make_project)
-    dvc(project, "repro")
+    project.sh("dvc", "repro")
     assert stale_in_dvc_status(project) == set()
     run = project.conveyor("run")
     assert run.returncode == 0
@@ -173,7 +166,7 @@ def test_a_run_and_dvc_repro_never_run_at_once(make_project: Callable[[], Projec
         assert time.monotonic() < deadline
         time.sleep(0.05)
     t0 = time.monotonic()
-    repro = dvc(project, "repro", check=False)
+    repro = project.sh("dvc", "repro", check=False)
     assert repro.returncode != 0 and "Unable to acquire lock" in repro.stderr
     second = project.conveyor("run")
     assert second.returncode == 1
@@ -212,12 +205,12 @@ def test_dvc_experiments_on_the_compiled_pipeline(make_project: Callable[[], Pro
     assert project.conveyor("run").returncode == 0
     git(project, "add", "-A")
     git(project, "commit", "-qm", "baseline")
-    exp = dvc(project, "exp", "run", "-S", "b.n=7")
+    exp = project.sh("dvc", "exp", "run", "-S", "b.n=7")
     assert "Running stage 'b'" in exp.stdout and "Running stage 'a'" not in exp.stdout
     assert json.loads((project.root / "metrics/score.json").read_text()) == {"score": 14}
-    shown = json.loads(dvc(project, "exp", "show", "--json").stdout)
+    shown = json.loads(project.sh("dvc", "exp", "show", "--json").stdout)
     assert shown  # the experiment is recorded against the baseline commit
-    diff = dvc(project, "metrics", "diff", "--json").stdout
+    diff = project.sh("dvc", "metrics", "diff", "--json").stdout
     assert json.loads(diff)["metrics/score.json"]["score"] == {"old": 4, "new": 14, "diff": 10}
 
 
@@ -233,7 +226,7 @@ def test_dvc_repro_on_a_fresh_clone_reproduces_the_committed_metrics(tmp_path: P
     done = subprocess.run(["dvc", "repro"], cwd=clone, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads((clone / "metrics/test.json").read_text()) == json.loads(committed.stdout)
-    shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=clone, capture_output=True, text=True)
+    shown = dvc(clone, "metrics", "show", "--json")
     assert shown.returncode == 0 and "metrics/test.json" in shown.stdout
     plots = subprocess.run(["dvc", "plots", "show", "plots/roc.png", "-o", str(tmp_path / "plots")], cwd=clone,
                            capture_output=True, text=True)
@@ -281,7 +274,7 @@ def test_a_cmd_stage_compiles_to_its_command_and_dvc_repro_runs_it_natively(
                                 'echo "scaled by ${b.n}"'],
                         "wdir": "work", "deps": ["../out/a.json", "../scripts/scale.py"], "outs": ["scaled.txt"]}
 
-    repro = dvc(project, "repro")
+    repro = project.sh("dvc", "repro")
     assert "scaled by 2" in repro.stdout  # DVC ran the command itself, interpolated
     assert (project.root / "work/scaled.txt").read_text() == "2\n"
     assert project.conveyor("run").returncode == 0
@@ -312,8 +305,8 @@ def test_adding_dvc_to_a_project_that_ran_reruns_nothing(make_project: Callable[
         """)
     assert project.conveyor("run", "b").returncode == 0  # a and b ran; c never did
     git(project, "init", "-q")
-    dvc(project, "init", "-q")
-    dvc(project, "config", "core.analytics", "false")
+    project.sh("dvc", "init", "-q")
+    project.sh("dvc", "config", "core.analytics", "false")
     compiled = project.conveyor("compile")
     assert compiled.returncode == 0, compiled.stderr
     assert "recorded 2 up-to-date stage(s) in dvc.lock and the DVC cache, so they do not rerun: a, b" \

@@ -90,20 +90,12 @@ LOOPBACK = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"
 # --- helpers -------------------------------------------------------------------------
 
 
-def sh(project: Project, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(cmd), cwd=project.root, env=project.env, capture_output=True, text=True,
-                            timeout=180)
-    if check:
-        assert result.returncode == 0, f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
 def git(project: Project, *args: str) -> str:
-    return sh(project, "git", *args).stdout
+    return project.sh("git", *args).stdout
 
 
 def dvc(project: Project, *args: str) -> str:
-    return sh(project, "dvc", *args).stdout
+    return project.sh("dvc", *args).stdout
 
 
 def dvc_json(project: Project, *args: str) -> Any:
@@ -378,7 +370,7 @@ def test_dvc_metrics_show_and_diff_read_what_the_pipeline_wrote(versioned: Proje
     written = json.loads((project.root / METRICS).read_text())
     assert written == {"total": 10, "score": 20}
     assert dvc_json(project, "metrics", "show") == {"": {"data": {METRICS: {"data": written}}}}
-    assert sh(project, "git", "check-ignore", "-q", METRICS, check=False).returncode == 1  # cache: false: git keeps it
+    assert project.sh("git", "check-ignore", "-q", METRICS, check=False).returncode == 1  # cache: false: git keeps it
     assert not (project.root / "metrics" / ".gitignore").exists()
     git(project, "add", "-A")
     git(project, "commit", "-qm", "run 1")

@@ -114,13 +114,6 @@ OUTS = ["data/prepared.txt", "models/small-0.1.txt", "models/big-0.3.txt", "metr
         ".gitignore", "data/.gitignore", "reports/.gitignore"]
 
 
-def sh(project: Project, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
-    if check:
-        assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def dvc_repo(make_project: Callable[[], Project], dvc_yaml: str = DVC_YAML) -> Project:
     """A plain DVC project (no pyproject.toml, no conveyor spec): git, DVC, a hand-written dvc.yaml."""
     project = make_project()
@@ -132,11 +125,11 @@ def dvc_repo(make_project: Callable[[], Project], dvc_yaml: str = DVC_YAML) -> P
     project.write("data/raw.txt", "l1\nl2\nl3\nl4\n")  # the frozen stage's out, made by hand
     (project.root / "reports").mkdir()
     git_dvc_init(project.root, ANALYTICS_OFF)
-    sh(project, "git", "config", "user.email", "test@example.com")
-    sh(project, "git", "config", "user.name", "conveyor tests")
+    project.sh("git", "config", "user.email", "test@example.com")
+    project.sh("git", "config", "user.name", "conveyor tests")
     project.write(".gitignore", "/.conveyor/\n")
-    sh(project, "git", "add", "dvc.yaml", "params.yaml", "config.yaml", "train.py", ".gitignore", ".dvc")
-    sh(project, "git", "commit", "-qm", "a DVC pipeline")
+    project.sh("git", "add", "dvc.yaml", "params.yaml", "config.yaml", "train.py", ".gitignore", ".dvc")
+    project.sh("git", "commit", "-qm", "a DVC pipeline")
     return project
 
 
@@ -160,7 +153,7 @@ def ran_by_conveyor(project: Project) -> set[str]:
 
 
 def dvc_status(project: Project) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(sh(project, "dvc", "status", "--json").stdout)
+    data: dict[str, Any] = json.loads(project.sh("dvc", "status", "--json").stdout)
     return data
 
 
@@ -181,7 +174,7 @@ def test_a_dvc_yaml_runs_as_it_is_and_dvc_agrees(make_project: Callable[[], Proj
 
     run = ours.conveyor("run")
     assert run.returncode == 0, run.stderr
-    repro = sh(theirs, "dvc", "repro")
+    repro = theirs.sh("dvc", "repro")
     assert ran_by_dvc(repro.stdout) == STAGES - {"download"}  # DVC only verifies a frozen stage
     record = ours.record()
     assert set(record["stages"]) == STAGES  # named as DVC names them
@@ -198,7 +191,7 @@ def test_a_dvc_yaml_runs_as_it_is_and_dvc_agrees(make_project: Callable[[], Proj
 
     # DVC agrees: nothing changed but the stage that always changes
     assert dvc_status(ours) == {"log": ["always changed"]}
-    again = sh(ours, "dvc", "repro")
+    again = ours.sh("dvc", "repro")
     assert ran_by_dvc(again.stdout) == {"log"}
 
     # a param of another params file: exactly the stages dvc repro reruns (the train items;
@@ -208,7 +201,7 @@ def test_a_dvc_yaml_runs_as_it_is_and_dvc_agrees(make_project: Callable[[], Proj
     status = ours.conveyor("status")
     assert "params changed: model.depth 4 → 5" in status.stdout, status.stdout
     assert ours.conveyor("run").returncode == 0
-    repro = sh(theirs, "dvc", "repro")
+    repro = theirs.sh("dvc", "repro")
     assert ran_by_conveyor(ours) == ran_by_dvc(repro.stdout) == TRAIN_ITEMS | {"log"}
     assert {s: st["status"] for s, st in ours.record()["stages"].items()}["report@summary"] == "skipped"
 
@@ -216,7 +209,7 @@ def test_a_dvc_yaml_runs_as_it_is_and_dvc_agrees(make_project: Callable[[], Proj
     for project in (ours, theirs):
         project.write("params.yaml", "prepare: {lines: 3}\ntrain: {epochs: 3}\n")
     assert ours.conveyor("run").returncode == 0
-    repro = sh(theirs, "dvc", "repro")
+    repro = theirs.sh("dvc", "repro")
     expected = TRAIN_ITEMS | {"report@summary", "report@detail", "curve", "log"}
     assert ran_by_conveyor(ours) == ran_by_dvc(repro.stdout) == expected
     assert dvc_status(ours) == {"log": ["always changed"]}

@@ -22,11 +22,6 @@ def fresh_clone(tmp_path: Path, prefect_server: dict[str, str]) -> Project:
     return Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}, tag)
 
 
-def sh(project: Project, *args: str) -> str:
-    return subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, check=True,
-                          timeout=300).stdout
-
-
 @pytest.mark.slow
 def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(fresh_clone: Project) -> None:
     project = fresh_clone
@@ -36,8 +31,8 @@ def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(fresh_clone: P
         assert noise not in first.stdout + first.stderr, noise
     assert "out missing: data/raw" in first.stderr  # a fresh clone has no outs: said in plain words
     # the committed dvc.lock is what a run on another machine produces (README, first command)
-    assert sh(project, "git", "status", "--porcelain") == ""
-    assert "Data and pipelines are up to date" in sh(project, "dvc", "status")
+    assert project.sh("git", "status", "--porcelain").stdout == ""
+    assert "Data and pipelines are up to date" in project.sh("dvc", "status").stdout
 
     record = project.record()
     assert {n: s["status"] for n, s in record["stages"].items()} == dict.fromkeys(
@@ -65,4 +60,4 @@ def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(fresh_clone: P
         assert forced.returncode == 0, forced.stderr[-3000:]
         assert {s["status"] for s in project.record()["stages"].values()} == {"succeeded"}
         assert json.loads((project.root / "metrics/test.json").read_text()) == metrics, name
-        assert sh(project, "git", "status", "--porcelain") == "", name  # reproduced byte for byte
+        assert project.sh("git", "status", "--porcelain").stdout == "", name  # reproduced byte for byte

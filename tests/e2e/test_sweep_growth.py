@@ -62,12 +62,6 @@ stages:
 PARAMS = "fit:\n  rounds: 3\nsweep:\n  alphas: [0.1, 10.0]  # the grid\n"
 
 
-def run(args: list[str], project: Project) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def sweep_project(make_project: Callable[[], Project]) -> Project:
     """A git + DVC repo holding the sweep above, compiled and committed, as `conveyor init` leaves one."""
     project = make_project()
@@ -77,11 +71,11 @@ def sweep_project(make_project: Callable[[], Project]) -> Project:
     project.write("configs/pipeline.yaml", SPEC)
     project.write(".gitignore", "/.conveyor/\n__pycache__/\n")
     git_dvc_init(project.root, ANALYTICS_OFF)
-    run(["git", "config", "user.email", "test@example.com"], project)
-    run(["git", "config", "user.name", "conveyor tests"], project)
+    project.sh("git", "config", "user.email", "test@example.com")
+    project.sh("git", "config", "user.name", "conveyor tests")
     assert project.conveyor("compile").returncode == 0
-    run(["git", "add", "-A"], project)
-    run(["git", "commit", "-qm", "sweep"], project)
+    project.sh("git", "add", "-A")
+    project.sh("git", "commit", "-qm", "sweep")
     return project
 
 
@@ -102,7 +96,7 @@ def table(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 
 def dvc_clean(project: Project) -> bool:
-    return "Data and pipelines are up to date" in run(["dvc", "status"], project).stdout
+    return "Data and pipelines are up to date" in project.sh("dvc", "status").stdout
 
 
 @pytest.mark.slow

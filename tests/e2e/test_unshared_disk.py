@@ -146,12 +146,6 @@ def _write(project: Project, address: str) -> None:
     project.write("configs/pipeline.yaml", SPEC.replace("ADDRESS", address))
 
 
-def _sh(project: Project, *argv: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(argv, cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def _with_remote(project: Project, store: Path) -> None:
     """Make the project a git + DVC repository whose default remote is the folder ``store``, its spec
     compiled to dvc.yaml."""
@@ -159,7 +153,7 @@ def _with_remote(project: Project, store: Path) -> None:
     git_dvc_init(project.root, ANALYTICS_OFF)
     for argv in (["git", "config", "user.email", "t@example.com"], ["git", "config", "user.name", "t"],
                  ["dvc", "remote", "add", "-d", "store", str(store)]):
-        _sh(project, *argv)
+        project.sh(*argv)
     assert project.conveyor("compile").returncode == 0  # dvc.yaml: DVC's dvc.lock and cache are the record
 
 
@@ -244,7 +238,7 @@ def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Proj
     assert "deps stored in DVC remote 'store'" in (logs / "square.log").read_text()
 
     # recorded as a local run records: dvc.lock and the cache agree with the workspace
-    assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    assert json.loads(project.sh("dvc", "status", "--json").stdout) == {}
     locked = yaml.safe_load((project.root / "dvc.lock").read_text())["stages"]
     assert set(locked) == {"source", "double", "square"}
     digest = hashlib.md5(b"42\n").hexdigest()
@@ -255,9 +249,9 @@ def test_stages_move_their_data_through_the_dvc_remote(blind_cluster: tuple[Proj
     assert not project.left_running()
 
     # a fresh clone gets the outs from the remote
-    _sh(project, "dvc", "push", "-q")
-    _sh(project, "git", "add", "-A")
-    _sh(project, "git", "commit", "-qm", "run")
+    project.sh("dvc", "push", "-q")
+    project.sh("git", "add", "-A")
+    project.sh("git", "commit", "-qm", "run")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(project.root), str(clone)], check=True)
     pulled = subprocess.run(["dvc", "pull", "-q"], cwd=clone, env=project.env, capture_output=True, text=True)
@@ -281,7 +275,7 @@ def test_kill_9_of_the_runner_stops_the_command_on_the_worker_and_keeps_the_prev
     run = project.conveyor("run")
     assert run.returncode == 0, run.stdout + run.stderr
     assert (project.root / "data/square/nested/value.txt").read_text() == "100\n"
-    assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+    assert json.loads(project.sh("dvc", "status", "--json").stdout) == {}
     _nothing_left(address)
 
 
@@ -325,7 +319,7 @@ def test_a_command_failing_on_the_worker_keeps_the_previous_outs_and_sends_nothi
     assert run.returncode == 1, said
     assert "stage 'double' failed: command exited with status 3; last lines of stderr: double: bad input" in said
     assert (project.root / "data/double.txt").read_text() == "42\n"
-    assert json.loads(_sh(project, "dvc", "status", "--json").stdout).keys() == {"double"}  # its params changed
+    assert json.loads(project.sh("dvc", "status", "--json").stdout).keys() == {"double"}  # its params changed
     _nothing_left(address)
 
 
@@ -374,7 +368,7 @@ def test_reference_pipeline_on_a_cluster_without_the_projects_disk(
         logs = project.root / ".conveyor/logs" / project.record()["run_id"]
         for stage in ("preprocess", "train_xgb"):  # the data moved through the remote
             assert "deps checked out into" in (logs / f"{stage}.log").read_text()
-        assert json.loads(_sh(project, "dvc", "status", "--json").stdout) == {}
+        assert json.loads(project.sh("dvc", "status", "--json").stdout) == {}
         with Client(address) as client:
             after = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
             assert after - before > 100

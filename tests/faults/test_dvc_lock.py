@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 from projects import RUN_PENDING_AND_DIE, Project
-from repos import git_dvc_init
+from repos import dvc, git_dvc_init
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_killed_while_writing_dvc_lock_leaves_the_previous_one_readable(
     assert killed.returncode == -9, killed.stderr
 
     assert (project.root / "dvc.lock").read_bytes() == before
-    status = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    status = dvc(project.root, "status")
     assert status.returncode == 0 and "two" in status.stdout and "one:" not in status.stdout, status
     untracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project.root,
                                capture_output=True, text=True, check=True).stdout
@@ -83,7 +83,7 @@ def test_killed_while_writing_dvc_lock_leaves_the_previous_one_readable(
     stages = project.record()["stages"]
     assert (stages["one"]["status"], stages["two"]["status"]) == ("skipped", "skipped")
     assert "echo 3" in (project.root / "dvc.lock").read_text()
-    clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    clean = dvc(project.root, "status")
     assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout
 
 
@@ -116,7 +116,7 @@ def test_killed_with_entries_pending_loses_no_stage(make_project: Callable[[], P
     assert (stages["one"]["status"], stages["two"]["status"]) == ("skipped", "skipped")
     assert (project.root / "two.txt").read_text() == "3\n"
     assert not (project.root / ".conveyor/dvc-lock-pending").exists()
-    clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    clean = dvc(project.root, "status")
     assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout
 
 
@@ -145,5 +145,5 @@ def test_outs_changed_after_the_kill_are_not_recorded_from_the_pending_log(
     stages = project.record()["stages"]
     assert (stages["one"]["status"], stages["two"]["status"]) == ("skipped", "succeeded")
     assert (project.root / "two.txt").read_text() == "3\n"
-    clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    clean = dvc(project.root, "status")
     assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 from projects import RUN_PENDING_AND_DIE, Project
+from repos import dvc
 
 pytestmark = pytest.mark.slow
 
@@ -61,5 +62,5 @@ def test_killed_with_entries_pending_in_two_dvc_locks_loses_no_stage(make_projec
     sub_lock = yaml.safe_load((project.root / "sub/dvc.lock").read_text())
     assert list(sub_lock["stages"]) == ["one"]  # beside its own dvc.yaml, under its own name
     assert "one" not in yaml.safe_load((project.root / "dvc.lock").read_text())["stages"]
-    clean = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True)
+    clean = dvc(project.root, "status")
     assert clean.returncode == 0 and "up to date" in clean.stdout, clean.stdout

@@ -31,7 +31,7 @@ import psutil
 import pytest
 from prefect_homes import new_home
 from projects import Project
-from repos import git_dvc_init
+from repos import dvc, git_dvc_init
 from subprocs import stop_group
 
 pytestmark = pytest.mark.slow
@@ -165,7 +165,8 @@ def assert_one_line(out: str, url: str, words: str) -> None:
 
 
 def dvc_up_to_date(project: Project) -> bool:
-    status = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True, check=True)
+    status = dvc(project.root, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
     return "up to date" in status.stdout
 
 

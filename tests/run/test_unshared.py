@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repos import dvc
 
 from conveyor.dvc.remote import default_remote, materialise, push
 from conveyor.errors import RemoteDataError
@@ -20,17 +21,19 @@ from conveyor.run.unshared import SCRATCH_PREFIX, Shipment, command_in_scratch, 
 
 def _repo(root: Path, store: Path, *config: str) -> None:
     root.mkdir()
-    extra = [["dvc", "config", *config]] if config else []
-    for argv in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
-                 ["dvc", "remote", "add", "-d", "store", str(store)], *extra):
-        subprocess.run(argv, cwd=root, check=True, capture_output=True)
+    extra = [["config", *config]] if config else []
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True, capture_output=True)
+    for argv in (["init", "-q"], ["config", "core.analytics", "false"], ["remote", "add", "-d", "store", str(store)],
+                 *extra):
+        done = dvc(root, *argv)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_no_dvc_repository_or_no_default_remote_has_no_store(tmp_path: Path) -> None:
     assert default_remote(tmp_path) is None
     (tmp_path / "repo").mkdir()
     subprocess.run(["git", "init", "-q"], cwd=tmp_path / "repo", check=True)
-    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path / "repo", check=True)
+    assert dvc(tmp_path / "repo", "init", "-q").returncode == 0
     assert default_remote(tmp_path / "repo") is None
 
 
@@ -50,7 +53,7 @@ def test_files_and_directories_go_through_the_remote_by_dvcs_hashes(tmp_path: Pa
     assert (store / "files/md5/b1/946ac92492d2347c6235b4d2611184").read_text() == "hello\n"
 
     # what `dvc add` would record for the directory is the same hash
-    subprocess.run(["dvc", "add", "-q", "data/d"], cwd=root, check=True, capture_output=True)
+    assert dvc(root, "add", "-q", "data/d").returncode == 0
     assert hashes["data/d"] in (root / "data/d.dvc").read_text()
 
     elsewhere = tmp_path / "elsewhere"
