@@ -36,6 +36,7 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
+from repos import git_dvc_init
 from subprocs import stop_group
 
 from conveyor.predict.model import version_of
@@ -129,8 +130,8 @@ def toy(project: Project, *, auc: float = 0.80, dvc: bool = False) -> None:
     shutil.copytree(REPO / "flows", project.root / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     if dvc:
         git = ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci"]
-        for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["conveyor", "compile"], ["git", "add", "-A"],
-                    [*git, "commit", "-qm", "toy"]):
+        git_dvc_init(project.root)
+        for cmd in (["conveyor", "compile"], ["git", "add", "-A"], [*git, "commit", "-qm", "toy"]):
             subprocess.run(cmd, cwd=project.root, env=project.env, check=True, capture_output=True)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from repos import git_dvc_init
 
 from conveyor.errors import SpecError, SpecIssue
 from conveyor.spec.project import load_project
@@ -398,10 +399,7 @@ DVC_CASES = [
 @pytest.fixture(scope="module")
 def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git + DVC repository, made once for the module and copied for each case."""
-    root = tmp_path_factory.mktemp("hostile-dvc").resolve()
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, check=True, capture_output=True)
-    return root
+    return git_dvc_init(tmp_path_factory.mktemp("hostile-dvc").resolve())
 
 
 @pytest.fixture

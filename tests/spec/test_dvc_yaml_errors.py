@@ -8,7 +8,6 @@ in a folder of its own, as a monorepo has them.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,8 +83,7 @@ def test_a_placement_spec_places_matrix_items_by_glob(folder: Path) -> None:
 
 
 def test_a_dvc_project_outside_git_is_an_error_saying_what_to_do(tmp_path: Path) -> None:
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True, capture_output=True)
+    git_dvc_init(tmp_path)
     shutil.rmtree(tmp_path / ".git")  # .dvc/ copied without its git repository
     (tmp_path / "dvc.yaml").write_text("stages:\n  a: {cmd: echo a > a.txt, outs: [a.txt]}\n")
     with pytest.raises(SpecError) as info:
