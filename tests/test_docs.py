@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import REPO
+from projects import REPO
 
 GET_STARTED = REPO / "docs" / "getting-started"
 PAGES = ["first-run.md", "own-project.md", "existing-dvc-yaml.md"]

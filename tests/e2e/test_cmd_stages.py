@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import psutil
 import pytest
-from conftest import Project
+from projects import Project
 
 TASKS = '''
 import time

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from browser import CHROMIUM, browse, needs_chromium, rendered
-from conftest import Project
+from projects import Project
 
 
 def stages_of(html: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from conftest import Project
+from projects import Project
 
 from conveyor.run.determinism import PINS, pinned_environ
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, Project
+from projects import REPO, Project
 from repos import dvc
 
 TASKS = '''

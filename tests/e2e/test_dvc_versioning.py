@@ -34,7 +34,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from conftest import Project
+from projects import Project
 from subprocs import stop_group
 
 TASKS = '''

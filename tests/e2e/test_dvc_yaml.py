@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Project
+from projects import Project
 from repos import ANALYTICS_OFF, git_dvc_init
 
 DVC_YAML = """

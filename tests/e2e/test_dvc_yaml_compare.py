@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import Project
+from projects import Project
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from conftest import Project
+from projects import Project
 
 TASKS = '''
 import numpy as np

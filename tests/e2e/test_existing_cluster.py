@@ -10,10 +10,9 @@ from collections.abc import Iterator
 
 import pandas as pd
 import pytest
-from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
-from projects import assert_ran_on_remote, evaluated_test_rows
+from projects import Project, assert_ran_on_remote, evaluated_test_rows
 from subprocs import stop_group
 
 

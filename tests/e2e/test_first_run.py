@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 
 import pytest
-from conftest import Project
+from projects import Project
 
 TASKS = '''
 import json, logging, os, threading

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 
 import pytest
-from conftest import Project
+from projects import Project
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import Project
 from parquet_damage import damage_page
 from projects import LINEAR_FEATURES as FEATURES
-from projects import linear_model
+from projects import Project, linear_model
 from projects import linear_scores as expected
 from repos import git_dvc_init
 

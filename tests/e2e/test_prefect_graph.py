@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Project
+from projects import Project
 
 from conveyor.prefect.edges import upstream_runs
 

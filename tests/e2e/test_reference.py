@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Project
 from kernels import KERNEL_PATHS
+from projects import REPO, Project
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 import pytest
-from conftest import Project
+from projects import Project
 
 pytestmark = pytest.mark.slow
 

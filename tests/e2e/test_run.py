@@ -17,8 +17,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import Project
 from prefect_homes import new_home
+from projects import Project
 
 TASKS = '''
 import json, os, threading, time

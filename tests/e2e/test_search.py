@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Project
+from projects import Project
 
 SEARCH = ("search", "train", "--param", "train.alpha=loguniform(1e-4,10)",
           "--param", "train.test_fraction=uniform(0.1,0.4)", "--objective", "metrics/train.json:rmse",

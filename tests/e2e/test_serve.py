@@ -25,8 +25,7 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import Project
-from projects import LINEAR_FEATURES, REPO, evaluated_test_rows, linear_model, linear_scores
+from projects import LINEAR_FEATURES, REPO, Project, evaluated_test_rows, linear_model, linear_scores
 
 from conveyor.models import registry as reg
 from conveyor.predict.model import version_of

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from conftest import Project
+from projects import Project
 from repos import ANALYTICS_OFF, git_dvc_init
 
 TASKS = '''

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Project
+from projects import Project
 
 TASKS = '''
 import json, threading, time

@@ -23,10 +23,9 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import Project
 from distributed import Client
 from distributed.utils import open_port
-from projects import HALVES, assert_ran_on_remote
+from projects import HALVES, Project, assert_ran_on_remote
 from repos import ANALYTICS_OFF, git_dvc_init
 from subprocs import stop_group
 
