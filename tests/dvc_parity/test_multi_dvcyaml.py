@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import Case, Twins, run_twins
+from twins import Case, Twins, run_twins
 
 pytestmark = pytest.mark.slow
 

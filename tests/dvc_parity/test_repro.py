@@ -8,7 +8,7 @@ same exit, the same stages run, the same bytes, dvc.lock, ``.dvc`` files and cac
 from __future__ import annotations
 
 import pytest
-from conftest import Case, Twins, run_twins
+from twins import Case, Twins, run_twins
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ DVC test.
 from __future__ import annotations
 
 import pytest
-from conftest import Case, Twins, run_twins
 from test_repro import ADDED, CHAIN, COPY_PY, RAN, RUN1, T
+from twins import Case, Twins, run_twins
 
 pytestmark = pytest.mark.slow
 

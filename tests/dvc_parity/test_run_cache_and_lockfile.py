@@ -5,7 +5,7 @@ test it mirrors). The cache compared includes the run cache's entries (conftest.
 from __future__ import annotations
 
 import pytest
-from conftest import Case, Twins, run_twins
+from twins import Case, Twins, run_twins
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from repos import dvc_here
 
@@ -107,22 +106,6 @@ class Twins:
             for line in case.then:
                 self.prepare(where, line)
         return root, twin
-
-
-@pytest.fixture(scope="module")
-def twins(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> Twins:
-    """One git+DVC template per module, copied for each case (``dvc init`` costs a second)."""
-    base = tmp_path_factory.mktemp("parity")
-    env = {**os.environ, **prefect_server, "DVC_NO_ANALYTICS": "1", "COLUMNS": "200",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    made = Twins(base, env)
-    template = base / "template"
-    template.mkdir()
-    for line in ("git init -q", "dvc init -q", "dvc config core.analytics false",
-                 "printf '/.conveyor/\\n' > .gitignore", "git add -A", "git commit -qm init"):
-        made.sh(template, line)
-    return made
 
 
 # what a shell would read otherwise than as words: such a line runs in a shell
