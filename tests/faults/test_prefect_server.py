@@ -146,9 +146,17 @@ def wait_for(path: Path, proc: subprocess.Popen[str], deadline_s: float = 240) -
 
 def temporary_server(proc: subprocess.Popen[str]) -> psutil.Process:
     """The temporary Prefect server the run ``proc`` started (its uvicorn child)."""
-    servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(c.cmdline())]
+    servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(_cmdline(c))]
     assert len(servers) == 1, servers
     return servers[0]
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """``proc``'s command line, or none when it ended meanwhile (the stage's ``touch`` may be exiting)."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
 
 
 def finished_at(record: dict[str, object], stage: str) -> float:
