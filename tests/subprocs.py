@@ -77,3 +77,12 @@ def is_warm_runner(proc: psutil.Process) -> bool:
     """Whether ``proc`` is a warm runner (conveyor.cli.warm_runner) or a run it forked: both have its
     command line (a caller tells them apart by the parent)."""
     return "conveyor.cli.warm_runner" in " ".join(proc.cmdline())
+
+
+def cmdline(proc: psutil.Process) -> list[str]:
+    """``proc``'s command line, or none when it ended meanwhile: a process listed a moment ago (a
+    stage's ``touch`` or ``sleep``) may be gone by the time its command line is read."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-import psutil
 import pytest
 from prefect_homes import new_home
 from projects import Project
+from subprocs import cmdline
 
 TASKS = '''
 import json, os, threading, time
@@ -298,20 +298,13 @@ def test_the_temporary_prefect_server_ends_with_the_run_even_on_kill_9(
             time.sleep(0.1)
         # the stage's `sleep 0.1`s come and go while the list is read: a command line read after
         # its process ended is none
-        servers = [line for line in map(_cmdline, project.tagged_processes())
+        servers = [line for line in map(cmdline, project.tagged_processes())
                    if "prefect.server.api.server:create_app" in line]
         assert len(servers) == 1 and servers[0][servers[0].index("--host") + 1] == "127.0.0.1", servers
     finally:  # killed whatever the checks found: a run left holding its stage would outlive the tests
         proc.kill()
         proc.communicate(timeout=30)
     assert not project.left_running(grace_s=30), "a process outlived the killed run"
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    try:
-        return proc.cmdline()
-    except psutil.Error:
-        return []
 
 
 def test_a_temporary_server_that_does_not_start_fails_the_run_and_its_record_says_why(

@@ -32,7 +32,7 @@ import pytest
 from prefect_homes import new_home
 from projects import Project
 from repos import dvc, git_dvc_init
-from subprocs import stop_group
+from subprocs import cmdline, stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -146,17 +146,9 @@ def wait_for(path: Path, proc: subprocess.Popen[str], deadline_s: float = 240) -
 
 def temporary_server(proc: subprocess.Popen[str]) -> psutil.Process:
     """The temporary Prefect server the run ``proc`` started (its uvicorn child)."""
-    servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(_cmdline(c))]
+    servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(cmdline(c))]
     assert len(servers) == 1, servers
     return servers[0]
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    """``proc``'s command line, or none when it ended meanwhile (the stage's ``touch`` may be exiting)."""
-    try:
-        return proc.cmdline()
-    except psutil.Error:
-        return []
 
 
 def finished_at(record: dict[str, object], stage: str) -> float:
