@@ -60,7 +60,8 @@ def dvc(root: Path, *argv: str, env: Mapping[str, str] | None = None) -> subproc
     """``dvc ARGV`` in ``root`` with ``env`` (this process's by default): in this process for the
     commands of :data:`IN_PROCESS`, a process of its own for the others."""
     if argv and argv[0] in IN_PROCESS:
-        return dvc_here(root, list(argv), os.environ if env is None else env)
+        # a copy of this process's environment: dvc_here clears os.environ before it sets the one it is given
+        return dvc_here(root, list(argv), dict(os.environ) if env is None else env)
     return subprocess.run(["dvc", *argv], cwd=root, env=None if env is None else dict(env), capture_output=True,
                           text=True, timeout=300)
 
