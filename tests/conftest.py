@@ -43,6 +43,8 @@ os.environ["CONVEYOR_TESTS_SESSION"] = uuid.uuid4().hex
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="conveyor-tests-prefect-home-")
 # Nor the user's cache of loaded projects (conveyor.spec.snapshot): the session's own.
 os.environ["CONVEYOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="conveyor-tests-cache-")
+# Both removed as this process ends (pytest_unconfigure), its runners gone by then (_warm_runners_end)
+_MADE_HERE = (os.environ["PREFECT_HOME"], os.environ["CONVEYOR_CACHE_DIR"])
 # The processes the tests start (conveyor, Dask workers, isolated tasks) write their bytecode as
 # a user's Python does: a machine with PYTHONDONTWRITEBYTECODE set (CI's) would otherwise have
 # every one of them compile conveyor's modules anew (0.1 s of each `conveyor status`).
@@ -79,6 +81,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         migrating.kill()  # long done, unless no test waited for it
         migrating.wait()
         shutil.rmtree(home, ignore_errors=True)
+    for folder in _MADE_HERE:  # every test process (and xdist's controller) made its own
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
