@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -86,3 +88,24 @@ def cmdline(proc: psutil.Process) -> list[str]:
         return proc.cmdline()
     except psutil.Error:
         return []
+
+
+def wait_until(what: str, found: Callable[[], T], proc: subprocess.Popen[Any] | None = None, *,
+               timeout_s: float = 120, every_s: float = 0.05) -> T:
+    """Poll ``found`` until it returns something truthy, and return that; the test fails when
+    ``timeout_s`` pass first or, given ``proc`` (a run), when it ends first (with the end of its
+    output, where it writes to a pipe)."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := found()):
+        if proc is not None and proc.poll() is not None:
+            output = proc.communicate()[0] if proc.stdout is not None else ""
+            tail = output[-3000:] if isinstance(output, str) else (output or b"")[-3000:].decode(errors="replace")
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}: {tail}")
+        assert time.monotonic() < deadline, f"never saw {what} within {timeout_s:g} s"
+        time.sleep(every_s)
+    return result
+
+
+def wait_for(path: os.PathLike[str], proc: subprocess.Popen[Any], timeout_s: float = 120) -> None:
+    """Wait for ``path`` to appear while ``proc`` (the run that makes it) lives: :func:`wait_until`."""
+    wait_until(f"{os.fspath(path)} appear", lambda: os.path.exists(path), proc, timeout_s=timeout_s)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 from projects import Project
+from subprocs import wait_for
 
 TASKS = '''
 import time
@@ -171,14 +172,6 @@ def popen_run(project: Project) -> subprocess.Popen[bytes]:
     log = (project.root / "runner.log").open("wb")
     return subprocess.Popen(["conveyor", "run"], cwd=project.root, env=project.env, stdout=log,
                             stderr=subprocess.STDOUT)
-
-
-def wait_for(path: os.PathLike[str], runner: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert runner.poll() is None, "the run ended before the stage began to write"
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def gone_within(project: Project, seconds: float) -> list[psutil.Process]:

@@ -17,6 +17,7 @@ import psutil
 import pytest
 from prefect_homes import new_home
 from projects import Project
+from subprocs import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -62,13 +63,6 @@ def gone(proc: psutil.Process) -> bool:
         return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def wait_for(what: str, check: Callable[[], bool], deadline_s: float = 60) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < deadline, f"never saw {what}"
-        time.sleep(0.05)
 
 
 def flow_runs(url: str) -> list[str]:
@@ -132,7 +126,7 @@ def test_a_kept_server_stays_while_a_run_uses_it_and_goes_after_its_idle_time_wh
           hold: {{cmd: '{HOLD}', outs: [done.txt]}}
     """)
     run = project.popen("run")
-    wait_for("the stage started", lambda: (project.root / "started").exists() or run.poll() is not None, 180)
+    wait_until("the stage started", (project.root / "started").exists, run, timeout_s=180)
     assert run.poll() is None
     [server] = keepers(home)
     time.sleep(2.5)  # past its idle time: what keeps it is the run's lease (nothing to wait on but time)
@@ -145,7 +139,7 @@ def test_a_kept_server_stays_while_a_run_uses_it_and_goes_after_its_idle_time_wh
 
     run.send_signal(signal.SIGKILL)
     run.communicate(timeout=30)
-    wait_for("the kept server stopping after its idle time", lambda: gone(server), 60)
+    wait_until("the kept server stopping after its idle time", lambda: gone(server), timeout_s=60)
     assert state(home) is None and not list((home / "conveyor-server/leases").iterdir())
     assert "stops after 1 s unused" in (home / "conveyor-server/server.log").read_text()
     assert not project.left_running(grace_s=10)  # the stage's commands went with the run
@@ -213,7 +207,7 @@ def test_a_kept_server_whose_prefect_home_was_removed_still_stops_after_its_idle
     [server] = keepers(home)
     try:
         shutil.rmtree(home)  # a temporary PREFECT_HOME cleaned up, `rm -rf ~/.prefect`: nothing to read its state from
-        wait_for("the server stopping after its idle time", lambda: gone(server), 60)
+        wait_until("the server stopping after its idle time", lambda: gone(server), timeout_s=60)
     finally:
         if not gone(server):
             server.kill()

@@ -27,15 +27,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 import pytest
 import yaml
 from projects import Project
 from repos import git_dvc_init
+from subprocs import wait_until
 
-T = TypeVar("T")
 MakeProject = Callable[[], Project]
 Version1 = Callable[[bool], Path]  # the project at version 1, with DVC or without
 pytestmark = pytest.mark.slow
@@ -171,17 +170,6 @@ def assert_no_leftovers(root: Path) -> None:
     assert temporary == [], temporary
 
 
-def wait_for(what: str, found: Callable[[], T], proc: subprocess.Popen[str], timeout_s: float = 120) -> T:
-    """Poll ``found`` until it returns something truthy, while ``proc`` (the run) is alive."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the run ended before {what}: {proc.communicate()[0][-3000:]}"
-        if result := found():
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"never saw {what}")
-
-
 def test_killed_while_the_embedded_prefect_server_starts(make_project: MakeProject, version_1: Version1,
                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     project = moments_project(make_project, version_1, dvc=False)
@@ -202,7 +190,7 @@ def test_killed_while_the_embedded_prefect_server_starts(make_project: MakeProje
         servers = [c for c in children if "uvicorn" in _cmdline(c)]
         return servers if (home / "prefect.db").exists() else []
 
-    started = wait_for("the Prefect server migrating its new database", migrating, proc)
+    started = wait_until("the Prefect server migrating its new database", migrating, proc, every_s=0.02)
     logs = {p.name for p in (project.root / ".conveyor/logs").glob("*/*.log") if p.parent.name != before}
     assert logs <= {"prefect-server.log"}, f"the killed run went past its server's start: {logs}"
     proc.kill()
@@ -251,7 +239,8 @@ def test_killed_inside_a_command_takes_the_command_down(make_project: MakeProjec
     (project.root / "hold").touch()
     proc = project.popen("run")
     pid_file = project.root / "cmd.pid"
-    wait_for("second's command wrote half its outs", lambda: pid_file.exists() and pid_file.read_text().strip(), proc)
+    wait_until("second's command wrote half its outs", lambda: pid_file.exists() and pid_file.read_text().strip(), proc,
+               every_s=0.02)
     command = psutil.Process(int(pid_file.read_text()))
     assert (project.root / "data/second/a.txt").read_text().strip() == "2"  # written in place, half done
     proc.kill()

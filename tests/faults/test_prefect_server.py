@@ -32,7 +32,7 @@ import pytest
 from prefect_homes import new_home
 from projects import Project
 from repos import dvc, git_dvc_init
-from subprocs import cmdline, stop_group
+from subprocs import cmdline, stop_group, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -136,14 +136,6 @@ def never_answering() -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def wait_for(path: Path, proc: subprocess.Popen[str], deadline_s: float = 240) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not path.exists():
-        assert proc.poll() is None, "the run ended before the stage started"
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.05)
-
-
 def temporary_server(proc: subprocess.Popen[str]) -> psutil.Process:
     """The temporary Prefect server the run ``proc`` started (its uvicorn child)."""
     servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(cmdline(c))]
@@ -179,7 +171,7 @@ def test_a_server_killed_mid_run_costs_no_stage_and_the_run_ends_within_seconds(
         if own is not None:
             project.env["PREFECT_API_URL"] = url
         proc = project.popen("run")
-        wait_for(project.root / "slow.started", proc)
+        wait_for(project.root / "slow.started", proc, 240)
         if own is not None:  # SIGKILL, 'slow' still running
             os.killpg(own.pid, signal.SIGKILL)
         else:  # the URL the run uses: its temporary server's port

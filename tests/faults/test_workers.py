@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 from projects import Project
-from subprocs import stop_group
+from subprocs import stop_group, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -316,14 +316,6 @@ def cluster(make_project: Callable[[], Project], tmp_path: Path) -> Iterator[Clu
         yield cluster
     finally:
         cluster.close()
-
-
-def wait_for(path: Path, run: subprocess.Popen[str], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert run.poll() is None, f"the run ended before {path.name} appeared: {run.communicate()[0]}"
-        assert time.monotonic() < deadline, f"no {path.name} after {timeout_s:g} s"
-        time.sleep(0.05)
 
 
 def finish(run: subprocess.Popen[str], timeout_s: float) -> str:
