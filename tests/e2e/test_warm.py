@@ -246,6 +246,8 @@ def test_a_runner_is_named_by_the_user_and_the_configuration_not_the_terminal() 
     before = key()
     os.environ["COLUMNS"] = "7"
     assert key() == before  # a terminal's width is not the process's configuration
+    os.environ.update(DVC_STAGE="train", DVC_EXP_NAME="goosy-aqua", DVC_EXP_BASELINE_REV="2457f05d")
+    assert key() == before  # nor the stage and experiment DVC runs it for (each experiment has its own)
     os.environ["CONVEYOR_OTHER"] = "1"
     assert key() != before
     os.environ["CONVEYOR_WARM_IGNORE"] = "JOB_ID, CONVEYOR_TEST_TAG"

@@ -47,13 +47,15 @@ import sys
 from types import FrameType
 
 COMMANDS = frozenset({"run", "exec"})  # the commands that import Prefect
-# Variables that describe the shell or the terminal a command was typed in, the stage that DVC
-# runs it for (``conveyor exec`` under ``dvc repro``) or the tool timing it, not what the libraries
-# read as they load; the child gets the client's values all the same.
+# Variables that describe the shell or the terminal a command was typed in, the stage and the
+# experiment that DVC runs it for (``conveyor exec`` under ``dvc repro`` or ``dvc exp run``: each
+# experiment has its own name and baseline, so without them every experiment started a runner
+# that never served) or the tool timing it, not what the libraries read as they load; the child
+# gets the client's values all the same.
 VOLATILE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "WINDOWID", "TERM_SESSION_ID",
                       "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TMUX_PANE", "PS1", "PROMPT_COMMAND",
                       "HISTFILE", "HISTSIZE", "HISTCONTROL", "LS_COLORS", "GPG_TTY", "DVC_STAGE", "DVC_ROOT",
-                      "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET"})
+                      "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET"})
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
 HEADER = struct.Struct("!I")
