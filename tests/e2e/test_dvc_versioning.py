@@ -226,11 +226,18 @@ def free_port() -> int:
 # --- fixtures ------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def dvc_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DVC's user and site folders for the module's tests: nothing outside the tests' temporary
+    folder (no test writes there: each remote is a project's own). One for all, so that the runs of
+    every test have one environment and share its warm runner."""
+    return tmp_path_factory.mktemp("dvc-dirs")
+
+
 @pytest.fixture
-def versioned(make_project: Callable[[], Project], tmp_path: Path) -> Project:
+def versioned(make_project: Callable[[], Project], dvc_dirs: Path) -> Project:
     """A git repo + DVC repo with the tiny pipeline compiled to dvc.yaml and committed."""
     project = make_project()
-    dvc_dirs = tmp_path / "dvc-dirs"  # DVC's user/site dirs: nothing outside tmp_path
     project.env.update({
         "DVC_NO_ANALYTICS": "1",
         "DVC_SITE_CACHE_DIR": str(dvc_dirs / "site-cache"),
