@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,7 +175,14 @@ def test_without_a_git_identity_init_says_so_and_makes_no_commit(tmp_path: Path)
 
 @pytest.mark.slow
 def test_the_wheel_holds_only_the_conveyor_package(tmp_path: Path) -> None:
-    done = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)], tmp_path)
+    # built from a copy of what the build reads: pip builds in the source tree, and there it wrote
+    # build/ and src/conveyor.egg-info into the repository (an in-tree build/lib keeps the copy of a
+    # module deleted since; a new entry in src/ also renamed the warm runner of every later test)
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    done = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)], tmp_path)
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("conveyor-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
