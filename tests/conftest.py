@@ -111,6 +111,32 @@ def _warm_runners_end() -> Iterator[None]:
         proc.kill()
 
 
+# The PREFECT_HOMEs of the whole session (this process's own, the session server's): their warm
+# runners serve every test's runs. Any other home is a test's own (made by that test).
+_SESSION_HOMES = {os.environ["PREFECT_HOME"]}
+
+
+@pytest.fixture(autouse=True)
+def _own_runners_end() -> Iterator[None]:
+    """The warm runners a test's runs started in a PREFECT_HOME of the test's own serve that test
+    alone: they end with it (SIGTERM), not 2 min later. A runner imports Prefect & co. once its
+    first run has ended (1.3 CPU-s); most of these never served a run (53 of a suite's 77 runners),
+    and one stopped while it waits or imports ends at once. Not waited for: _warm_runners_end
+    finds any still there."""
+    started = time.time() - 1  # create_time is rounded
+    yield
+    for proc in psutil.process_iter():
+        try:
+            if proc.create_time() < started or not is_warm_runner(proc) or is_warm_runner(proc.parent()):
+                continue
+            environ = proc.environ()
+            if environ.get("CONVEYOR_TESTS_SESSION") == os.environ["CONVEYOR_TESTS_SESSION"] \
+                    and environ.get("PREFECT_HOME") not in _SESSION_HOMES:
+                proc.terminate()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two test processes per core. Much of the suite waits (on servers starting, a
     cluster losing its workers, Slurm's scheduler, a killed run's processes going), and a waiting
@@ -198,6 +224,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
+    _SESSION_HOMES.add(str(home))
     try:
         _wait_healthy(url, proc, 120)
         yield {"PREFECT_HOME": str(home), "PREFECT_API_URL": url,
