@@ -16,13 +16,13 @@ import textwrap
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from prefect_homes import migrate_template, new_home
-from subprocs import is_warm_runner, stop_group
+from subprocs import FAILED, is_warm_runner, stop_group
 
 # A run without PREFECT_API_URL keeps a Prefect server for the runs after it (conveyor.prefect.kept).
 # In the tests that take PREFECT_API_URL away, the server is the run's own (it ends with the run)
@@ -135,6 +135,16 @@ def _own_runners_end() -> Iterator[None]:
                 proc.terminate()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed phase marks its test (:data:`subprocs.FAILED`) for the fixtures' teardowns."""
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -11,7 +11,7 @@ import subprocess
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import pandas as pd
 import psutil
 import pytest
 from repos import ANALYTICS_OFF, dvc, git_dvc_init
-from subprocs import is_warm_runner
+from subprocs import FAILED, is_warm_runner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,8 +113,13 @@ def _default_sigint() -> None:
 
 
 @pytest.fixture
-def make_project(tmp_path: Path, prefect_server: dict[str, str]) -> Callable[[], Project]:
-    """A fresh project root that runs against the session's Prefect server."""
+def make_project(request: pytest.FixtureRequest, tmp_path: Path,
+                 prefect_server: dict[str, str]) -> Iterator[Callable[[], Project]]:
+    """A fresh project root that runs against the session's Prefect server. After a test that
+    failed, whatever its projects' runs left running is killed: an assertion that fails while a
+    run waits (for a file the test would have written) leaves nothing running for the rest of the
+    suite and after it."""
+    made: list[Project] = []
 
     def make() -> Project:
         root = tmp_path / f"proj-{uuid.uuid4().hex[:6]}"
@@ -122,9 +127,15 @@ def make_project(tmp_path: Path, prefect_server: dict[str, str]) -> Callable[[],
         (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
         tag = uuid.uuid4().hex
         env = {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}
-        return Project(root, env, tag)
+        made.append(Project(root, env, tag))
+        return made[-1]
 
-    return make
+    yield make
+    if request.node.stash.get(FAILED, False):
+        for project in made:
+            for proc in project.tagged_processes():
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
 
 @pytest.fixture

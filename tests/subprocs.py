@@ -16,8 +16,12 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psutil
+import pytest
 
 T = TypeVar("T")
+# Set on a test's item when one of its phases failed (tests/conftest.py's pytest_runtest_makereport):
+# what a fixture's teardown reads to clean up after a test that stopped half-way
+FAILED = pytest.StashKey[bool]()
 
 
 @contextmanager
