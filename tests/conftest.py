@@ -127,7 +127,10 @@ def _own_runners_end() -> Iterator[None]:
     yield
     for proc in psutil.process_iter():
         try:
-            if proc.create_time() < started or not is_warm_runner(proc) or is_warm_runner(proc.parent()):
+            if proc.create_time() < started or not is_warm_runner(proc):
+                continue
+            parent = proc.parent()
+            if parent is not None and is_warm_runner(parent):  # a run it forked: it ends with its runner
                 continue
             environ = proc.environ()
             if environ.get("CONVEYOR_TESTS_SESSION") == os.environ["CONVEYOR_TESTS_SESSION"] \
