@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prefect_homes import new_home
 from projects import Project
-from subprocs import cmdline
+from subprocs import cmdline, wait_for
 
 TASKS = '''
 import json, os, threading, time
@@ -291,11 +291,7 @@ def test_the_temporary_prefect_server_ends_with_the_run_even_on_kill_9(
     """)
     proc = project.popen("run")
     try:
-        deadline = time.monotonic() + 180
-        while not (project.root / "started").exists():
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "the stage never started"
-            time.sleep(0.1)
+        wait_for(project.root / "started", proc, 180)
         # the stage's `sleep 0.1`s come and go while the list is read: a command line read after
         # its process ended is none
         servers = [line for line in map(cmdline, project.tagged_processes())

@@ -3,13 +3,13 @@ scheduler, its workers and nannies and their dashboards, and XGBoost's tracker."
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import psutil
 import pytest
 from prefect_homes import new_home
 from projects import Project
+from subprocs import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +54,7 @@ def test_a_run_listens_on_loopback_only(make_project: Callable[[], Project],
     """)
     proc = project.popen("run")
     try:
-        deadline = time.monotonic() + 240
-        while not (project.root / "started").exists():
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "the stage never started"
-            time.sleep(0.1)
+        wait_for(project.root / "started", proc, 240)
         sockets = listening([psutil.Process(proc.pid), *project.tagged_processes()])
     finally:
         (project.root / "release").touch()
