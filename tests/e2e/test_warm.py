@@ -140,6 +140,17 @@ def test_a_run_after_the_first_is_forked_by_the_warm_runner_and_is_the_command_i
     listed = project.conveyor("server", "status")
     assert f"warm runners:  1 (pid {runner.pid}" in listed.stdout, listed.stdout
 
+    # a runner that is up serves the short commands too; where none serves, they start none
+    served = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
+    status = project.conveyor("status", "--exit-code")
+    assert status.returncode == 0 and "up to date" in status.stdout, status.stdout + status.stderr
+    invalid = project.conveyor("validate", "-c", "configs/nope.yaml")
+    assert invalid.returncode == 2 and "configs/nope.yaml" in invalid.stderr, invalid.stderr
+    assert json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"] == served + 2
+    elsewhere = project.conveyor("status", env={"CONVEYOR_SOME_SETTING": "x"})  # no runner of its own
+    assert elsewhere.returncode == 0 and "up to date" in elsewhere.stdout, elsewhere.stderr
+    assert runners(home) == [runner]
+
 
 @pytest.mark.slow
 def test_exit_codes_and_errors_are_the_commands_and_a_new_environment_gets_its_own_runner(
@@ -410,7 +421,7 @@ def test_a_forked_run_is_named_by_the_command_that_asked_for_it_also_under_dvc_r
     output, _ = repro.communicate(timeout=120)
     assert repro.returncode == 0, output
     served = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
-    assert served >= 4  # the run, status is not forked, the refused runs and the exec were
+    assert served >= 5  # the run, status, the refused runs and the exec
 
 
 def test_a_child_keeps_conveyors_modules_only_while_their_files_are_unchanged(
