@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from prefect_homes import migrate_template, new_home
+from projects import first_run  # noqa: F401  # a fixture: tests/test_docs.py's and tests/e2e/'s
 from subprocs import FAILED, is_warm_runner, stop_group
 
 # A run without PREFECT_API_URL keeps a Prefect server for the runs after it (conveyor.prefect.kept).

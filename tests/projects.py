@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import pandas as pd
 import psutil
 import pytest
 from repos import ANALYTICS_OFF, dvc, git_dvc_init
-from subprocs import FAILED, is_warm_runner
+from subprocs import FAILED, cmdline, is_warm_runner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,6 +147,50 @@ def reference_project(make_project: Callable[[], Project]) -> Project:
         shutil.copytree(REPO / rel, project.root / rel, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "params.yaml", project.root / "params.yaml")
     return project
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """A ``git clone`` of this repository after its first ``conveyor run`` (the README's Quick start),
+    made once per test run (:func:`first_run`), and what that run printed. Tests run in copies."""
+
+    root: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    left_running: list[str]
+
+    def copy(self, to: Path, prefect_server: Mapping[str, str]) -> Project:
+        """The clone as that run left it, in ``to`` (a new folder), run against ``prefect_server``."""
+        assert self.returncode == 0, f"the first run of a fresh clone failed:\n{self.stderr[-3000:]}"
+        shutil.copytree(self.root, to, symlinks=True)
+        tag = uuid.uuid4().hex
+        return Project(to, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}, tag)
+
+
+@pytest.fixture(scope="session")
+def first_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> FirstRun:
+    """:class:`FirstRun`, shared by the test run's processes: the first to ask clones and runs (the
+    reference pipeline, all six stages), the others wait for it on a lock in the test run's folder."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the test run's folder, which holds each test process's own
+    result = shared / "first-run.json"
+    with (shared / "first-run.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the one who runs it is done
+        if not result.exists():
+            root = shared / "first-run"
+            shutil.rmtree(root, ignore_errors=True)  # what a process interrupted while running it left
+            subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, timeout=300)
+            tag = uuid.uuid4().hex
+            project = Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag,
+                                     "COLUMNS": "200"}, tag)
+            done = project.conveyor("run")
+            left = [" ".join(cmdline(proc)) or str(proc.pid) for proc in project.left_running()]
+            result.write_text(json.dumps({"root": str(root), "returncode": done.returncode, "stdout": done.stdout,
+                                          "stderr": done.stderr, "left_running": left}))
+    data = json.loads(result.read_text())
+    return FirstRun(**{**data, "root": Path(data["root"])})
 
 
 # A project whose model is a linear function (numpy only): fast to score, exact to check.

@@ -1,8 +1,9 @@
 """The docs' Get started pages, run as a reader runs them: every command of their ```bash blocks.
 
 Each page runs in a fresh temporary directory (or, for a page that says
-``<!-- doc test: in a fresh clone of this repository -->``, in a ``git clone`` of this
-repository), its commands in order in one shell, so a ``cd`` carries on to the next line,
+``<!-- doc test: in a fresh clone of this repository, after its first conveyor run -->``, in a
+copy of the ``git clone`` of this repository that the README's first command ran in: the
+session's :class:`projects.FirstRun`), its commands in order in one shell, so a ``cd`` carries on to the next line,
 against the session's Prefect server; each must exit 0. Not run: ``pip install ...`` lines
 (CI installs the package itself, from the README's command), lines whose comment says
 ``(not run by the doc test: why)``, and a block that an HTML comment
@@ -22,12 +23,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from projects import REPO
+from projects import REPO, FirstRun
 
 GET_STARTED = REPO / "docs" / "getting-started"
 PAGES = ["first-run.md", "own-project.md", "existing-dvc-yaml.md"]
 SKIP_BLOCK = "<!-- not run by the doc test:"
-IN_CLONE = "<!-- doc test: in a fresh clone of this repository -->"
+IN_CLONE = "<!-- doc test: in a fresh clone of this repository, after its first conveyor run -->"
 FENCE = re.compile(r"^```bash\s*$")
 HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 EXPECT = re.compile(r"\(doc test: exit (\d+)\)")
@@ -128,11 +129,13 @@ def test_commands_are_found_and_installs_are_left_to_ci() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
-def test_get_started_commands_run(name: str, tmp_path: Path, prefect_server: dict[str, str]) -> None:
+def test_get_started_commands_run(name: str, tmp_path: Path, prefect_server: dict[str, str],
+                                  request: pytest.FixtureRequest) -> None:
     page = (GET_STARTED / name).read_text()
     where = tmp_path / "fresh"
     if IN_CLONE in page:
-        subprocess.run(["git", "clone", "-q", str(REPO), str(where)], check=True, timeout=300)
+        first: FirstRun = request.getfixturevalue("first_run")  # asked for only here: made once per test run
+        first.copy(where, prefect_server)
     else:
         where.mkdir()
     steps = commands(page)

@@ -1,35 +1,25 @@
-"""The reference pipeline run as a user runs it: a fresh clone of this repository, three runs."""
+"""The reference pipeline run as a user runs it: a fresh clone of this repository, four runs."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 from kernels import KERNEL_PATHS
-from projects import REPO, Project
-
-
-@pytest.fixture
-def fresh_clone(tmp_path: Path, prefect_server: dict[str, str]) -> Project:
-    """`git clone` of this repository (its committed state, dvc.yaml and dvc.lock included)."""
-    root = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True)
-    tag = uuid.uuid4().hex
-    return Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}, tag)
+from projects import FirstRun
 
 
 @pytest.mark.slow
-def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(fresh_clone: Project) -> None:
-    project = fresh_clone
-    first = project.conveyor("run")
+def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(
+        first_run: FirstRun, tmp_path: Path, prefect_server: dict[str, str]) -> None:
+    first = first_run  # `git clone` of this repository (dvc.yaml and dvc.lock included), its first `conveyor run`
     assert first.returncode == 0, first.stderr[-3000:]
     for noise in ("got rank", "distributed.", "Task run", "Traceback"):  # xgboost, Dask, Prefect: in the logs
         assert noise not in first.stdout + first.stderr, noise
     assert "out missing: data/raw" in first.stderr  # a fresh clone has no outs: said in plain words
+    assert first.left_running == []
+    project = first.copy(tmp_path / "clone", prefect_server)
     # the committed dvc.lock is what a run on another machine produces (README, first command)
     assert project.sh("git", "status", "--porcelain").stdout == ""
     assert "Data and pipelines are up to date" in project.sh("dvc", "status").stdout
@@ -46,7 +36,6 @@ def test_a_fresh_clone_runs_leaves_git_clean_skips_and_reproduces(fresh_clone: P
     assert record["stages"]["preprocess"]["profile"] == "cpu"
     if record["stages"]["train_xgb"]["profile"] == "cpu":  # no GPU here: the declared fallback
         assert "no GPU visible: profile 'gpu' falls back to 'cpu'" in first.stderr
-    assert not project.left_running()
 
     second = project.conveyor("run")
     assert second.returncode == 0

@@ -8,12 +8,9 @@ promoted in the middle of 20 threads of requests is taken over without a failed 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -25,7 +22,7 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from projects import LINEAR_FEATURES, REPO, Project, evaluated_test_rows, linear_model, linear_scores
+from projects import LINEAR_FEATURES, FirstRun, Project, evaluated_test_rows, linear_model, linear_scores
 
 from conveyor.models import registry as reg
 from conveyor.predict.model import version_of
@@ -72,23 +69,11 @@ def served(project: Project, *args: str) -> Iterator[Service]:
             proc.kill()
 
 
-def _reference_run(root: Path, env: dict[str, str]) -> None:
-    for rel in ("configs", "tasks"):
-        shutil.copytree(REPO / rel, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
-    done = subprocess.run(["conveyor", "run"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 @pytest.fixture(scope="module")
-def reference_service(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> Iterator[
-        tuple[Project, Service]]:
-    """The reference pipeline run once, its model served with small limits (600 rows, 1 MiB)."""
-    tag = uuid.uuid4().hex
-    project = Project(tmp_path_factory.mktemp("served"), {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag,
-                                                          "COLUMNS": "200"}, tag)
-    _reference_run(project.root, project.env)
+def reference_service(first_run: FirstRun, tmp_path_factory: pytest.TempPathFactory,
+                      prefect_server: dict[str, str]) -> Iterator[tuple[Project, Service]]:
+    """The reference pipeline as its first run left it, its model served with small limits (600 rows, 1 MiB)."""
+    project = first_run.copy(tmp_path_factory.mktemp("served") / "clone", prefect_server)
     with served(project, "--max-rows", "600", "--max-body", "1MiB") as service:
         yield project, service
     assert service.proc.returncode == 130, service.log
