@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import textwrap
@@ -80,6 +81,11 @@ class Twins:
         if check:
             assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
         return done
+
+    def repro(self, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        """``dvc repro ARGS`` (words as a shell splits them) through DVC's command line in this process,
+        as DVC's own tests run it (:func:`dvc_here`): what its commands print is not in the result."""
+        return dvc_here(root, ["repro", *shlex.split(" ".join(args))], self.env)
 
     def prepare(self, root: Path, line: str) -> None:
         """A line that sets a case up: a plain ``dvc`` command through DVC's command line in this
@@ -165,7 +171,7 @@ def dvc_status(twins: Twins, root: Path) -> dict[str, Any]:
 def run_twins(twins: Twins, case: Case) -> tuple[Outcome, Outcome]:
     """Run the case under both tools and assert that they agree; returns (dvc's, conveyor's)."""
     theirs, ours = twins.make(case)
-    repro = twins.sh(theirs, " ".join(["dvc", "repro", *case.args]), check=False)
+    repro = twins.repro(theirs, *case.args)
     dvc = Outcome(theirs, repro.returncode, repro.stdout + repro.stderr, ran_by_dvc(repro.stdout))
     assert (dvc.returncode == 0) == case.succeeds, f"dvc repro did not do what the case says:\n{dvc.output}"
     args = case.args if case.conveyor_args is None else case.conveyor_args
@@ -190,6 +196,6 @@ def run_twins(twins: Twins, case: Case) -> tuple[Outcome, Outcome]:
         status = dvc_status(twins, ours)
         if status:  # when clean, `dvc repro` has nothing to run: every stage it would run shows in the status
             assert status == dvc_status(twins, theirs), f"{status}{said}"
-            again = ran_by_dvc(twins.sh(ours, "dvc repro").stdout)  # nothing, but stages always changed
-            assert not again or again == ran_by_dvc(twins.sh(theirs, "dvc repro").stdout), again
+            again = ran_by_dvc(twins.repro(ours).stdout)  # nothing, but stages always changed
+            assert not again or again == ran_by_dvc(twins.repro(theirs).stdout), again
     return dvc, conveyor
