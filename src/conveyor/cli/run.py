@@ -210,7 +210,9 @@ def _flow_on_server(project: Project, session: RunSession, run_id: str, verbose:
         from prefect.exceptions import TerminationSignal
 
         from conveyor.prefect.flow import run_pipeline
+        from conveyor.prefect.tls import share
 
+        share()  # the run's four Prefect clients: one TLS context, not four (conveyor.prefect.tls)
         # The terminal shows the live view; everything else is in the logs (run.log: Prefect, Dask workers, ...).
         with capture_output(log_path(project.root, run_id, "run"), verbose=verbose), \
                 lost_while_running(url, _recorded_in(session)):
