@@ -179,7 +179,7 @@ def _preload() -> None:
         from conveyor.prefect import tls
 
         tls.share()
-        tls.made_for_certifi()
+        tls.made_now()
     except Exception:  # noqa: BLE001  # as an import above: each run makes its own
         traceback.print_exc()
     SETTINGS_READ[:] = [settings_sources(Path.cwd())]

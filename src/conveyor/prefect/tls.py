@@ -2,9 +2,10 @@
 
 Each Prefect client builds a verified ``ssl.SSLContext`` from its CA file (``PREFECT_API_SSL_CERT_FILE``,
 else certifi's bundle) as it is created, also for an ``http://`` API where no TLS is ever spoken:
-OpenSSL parses the bundle's 140 certificates each time, 16 to 20 ms. A flow run creates four
-(the engine's client, the log and event workers' clients and the events client's version check):
-80 ms of a forked one-stage run's 390 (measured: 0.39 -> 0.31 CPU-s a run with them shared).
+OpenSSL parses the bundle's certificates each time, 16 to 20 ms. A flow run creates four (the
+engine's client, the log and event workers' clients and the events client's version check):
+measured on a forced two-stage run forked by the warm runner, 0.39 CPU-s with them, 0.31 with
+one, 0.30 with the runner's (:func:`made_now`).
 Upstream: PrefectHQ/prefect#19106 lets a caller pass one context, which the engine and workers
 cannot be given.
 
@@ -66,8 +67,11 @@ def share() -> None:
             setattr(module, "ssl", stand_in)  # noqa: B010  # the attribute Prefect reads
 
 
-def made_for_certifi() -> None:
-    """The context of certifi's bundle, made now (in the warm runner, for every run it forks)."""
+def made_now() -> None:
+    """The context of the CA file Prefect's clients use (``PREFECT_API_SSL_CERT_FILE``, which
+    ``SSL_CERT_FILE`` also sets, else certifi's bundle), made now: in the warm runner, for every
+    run it forks."""
     import certifi
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE
 
-    _SharedContexts().create_default_context(cafile=certifi.where())
+    _SharedContexts().create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
