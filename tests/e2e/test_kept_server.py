@@ -24,6 +24,12 @@ pytestmark = pytest.mark.slow
 HOLD = "touch started && while [ ! -e release ]; do sleep 0.05; done && echo done > done.txt"
 
 
+def removed(path: Path) -> bool:
+    """``rm -rf path``; whether it is gone (a process may have written in it meanwhile)."""
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
+
+
 def kept_project(make_project: Callable[[], Project], home: Path, idle: str = "120") -> Project:
     """A project whose runs keep a Prefect server under ``home`` (no PREFECT_API_URL)."""
     project = make_project()
@@ -206,7 +212,9 @@ def test_a_kept_server_whose_prefect_home_was_removed_still_stops_after_its_idle
     assert project.conveyor("run").returncode == 0
     [server] = keepers(home)
     try:
-        shutil.rmtree(home)  # a temporary PREFECT_HOME cleaned up, `rm -rf ~/.prefect`: nothing to read its state from
+        # a temporary PREFECT_HOME cleaned up, `rm -rf ~/.prefect`: nothing to read its state from. Again until
+        # it stays removed: the warm runner the run started writes its state file there once its imports end
+        wait_until("the home removed", lambda: removed(home), timeout_s=30)
         wait_until("the server stopping after its idle time", lambda: gone(server), timeout_s=60)
     finally:
         if not gone(server):
