@@ -213,7 +213,8 @@ def test_a_kept_server_whose_prefect_home_was_removed_still_stops_after_its_idle
     [server] = keepers(home)
     try:
         # a temporary PREFECT_HOME cleaned up, `rm -rf ~/.prefect`: nothing to read its state from. Again until
-        # it stays removed: the warm runner the run started writes its state file there once its imports end
+        # it stays removed: the home's processes (the kept server's keeper, the warm runner the run started)
+        # may still write their state files there right after the run
         wait_until("the home removed", lambda: removed(home), timeout_s=30)
         wait_until("the server stopping after its idle time", lambda: gone(server), timeout_s=60)
     finally:
