@@ -35,6 +35,12 @@ class Project:
     env: dict[str, str]
     tag: str
 
+    @classmethod
+    def at(cls, root: Path, prefect_server: Mapping[str, str]) -> Project:
+        """The project in ``root``, run against ``prefect_server`` under a tag of its own."""
+        tag = uuid.uuid4().hex
+        return cls(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}, tag)
+
     def write(self, rel: str, text: str) -> Path:
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,9 +132,7 @@ def make_project(request: pytest.FixtureRequest, tmp_path: Path,
         root = tmp_path / f"proj-{uuid.uuid4().hex[:6]}"
         root.mkdir()
         (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
-        tag = uuid.uuid4().hex
-        env = {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}
-        made.append(Project(root, env, tag))
+        made.append(Project.at(root, prefect_server))
         return made[-1]
 
     yield make
@@ -164,8 +168,7 @@ class FirstRun:
         """The clone as that run left it, in ``to`` (a new folder), run against ``prefect_server``."""
         assert self.returncode == 0, f"the first run of a fresh clone failed:\n{self.stderr[-3000:]}"
         shutil.copytree(self.root, to, symlinks=True)
-        tag = uuid.uuid4().hex
-        return Project(to, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag, "COLUMNS": "200"}, tag)
+        return Project.at(to, prefect_server)
 
 
 @pytest.fixture(scope="session")
@@ -182,9 +185,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str
             root = shared / "first-run"
             shutil.rmtree(root, ignore_errors=True)  # what a process interrupted while running it left
             subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, timeout=300)
-            tag = uuid.uuid4().hex
-            project = Project(root, {**os.environ, **prefect_server, "CONVEYOR_TEST_TAG": tag,
-                                     "COLUMNS": "200"}, tag)
+            project = Project.at(root, prefect_server)
             done = project.conveyor("run")
             left = [" ".join(cmdline(proc)) or str(proc.pid) for proc in project.left_running()]
             result.write_text(json.dumps({"root": str(root), "returncode": done.returncode, "stdout": done.stdout,

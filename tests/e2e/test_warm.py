@@ -92,6 +92,12 @@ def ready(home: Path, count: int = 1, deadline_s: float = 60) -> list[dict[str, 
         time.sleep(0.05)
 
 
+def served(home: Path) -> int:
+    """The runs the one runner of ``home`` has served (its state file says)."""
+    count: int = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
+    return count
+
+
 def stage_ancestry(project: Project) -> dict[str, object]:
     """What stage ``one`` wrote: its processes up to init, and its COLUMNS."""
     data: dict[str, object] = json.loads((project.root / "one.txt").read_text())
@@ -141,12 +147,12 @@ def test_a_run_after_the_first_is_forked_by_the_warm_runner_and_is_the_command_i
     assert f"warm runners:  1 (pid {runner.pid}" in listed.stdout, listed.stdout
 
     # a runner that is up serves the short commands too; where none serves, they start none
-    served = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
+    before = served(home)
     status = project.conveyor("status", "--exit-code")
     assert status.returncode == 0 and "up to date" in status.stdout, status.stdout + status.stderr
     invalid = project.conveyor("validate", "-c", "configs/nope.yaml")
     assert invalid.returncode == 2 and "configs/nope.yaml" in invalid.stderr, invalid.stderr
-    assert json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"] == served + 2
+    assert served(home) == before + 2
     elsewhere = project.conveyor("status", env={"CONVEYOR_SOME_SETTING": "x"})  # no runner of its own
     assert elsewhere.returncode == 0 and "up to date" in elsewhere.stdout, elsewhere.stderr
     assert runners(home) == [runner]
@@ -420,8 +426,7 @@ def test_a_forked_run_is_named_by_the_command_that_asked_for_it_also_under_dvc_r
     (project.root / "release").touch()
     output, _ = repro.communicate(timeout=120)
     assert repro.returncode == 0, output
-    served = json.loads(next((home / "conveyor-server/warm").glob("*.json")).read_text())["served"]
-    assert served >= 5  # the run, status, the refused runs and the exec
+    assert served(home) >= 5  # the run, status, the refused runs and the exec
 
 
 def test_a_child_keeps_conveyors_modules_only_while_their_files_are_unchanged(
