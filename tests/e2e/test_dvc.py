@@ -320,3 +320,37 @@ def test_adding_dvc_to_a_project_that_ran_reruns_nothing(make_project: Callable[
     assert "Updating lock file" not in again.stdout + again.stderr  # DVC's line is in c's log
     assert "Updating lock file 'dvc.lock'" in project.conveyor("logs", "c").stdout
     assert project.conveyor("compile").stdout.count("recorded") == 0  # DVC's record is the one now
+
+
+IMPORTED = """
+md5: 0123456789abcdef0123456789abcdef
+frozen: true
+deps:
+- path: data.txt
+  repo:
+    url: /nonexistent/registry
+    rev_lock: f59388cd04276e75d70b2136597aaa27e7937cc3
+outs:
+- md5: 0123456789abcdef0123456789abcdef
+  size: 4
+  hash: md5
+  path: data.txt
+"""
+
+
+def test_an_import_whose_repository_cannot_be_reached_fails_the_run_in_dvcs_words(
+        make_project: Callable[[], Project]) -> None:
+    """`dvc import`ed data that changed is verified against the repository it came from (DVC's example
+    project's data.xml, offline): that repository gone, the run stops in one line, as `dvc repro` does."""
+    project = make_project()
+    project.init_dvc()
+    project.write("data.txt", "new\n")
+    project.write("data.txt.dvc", IMPORTED)
+    project.write("dvc.yaml", "stages:\n  copy: {cmd: cp data.txt out.txt, deps: [data.txt], outs: [out.txt]}\n")
+    said = "failed to reproduce 'data.txt.dvc': SCM error: Failed to clone repo '/nonexistent/registry'"
+    repro = project.sh("dvc", "repro", check=False)
+    assert repro.returncode != 0 and said in repro.stderr, repro.stderr
+    run = project.conveyor("run")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.strip().splitlines()[-1].startswith(said), run.stderr
+    assert not (project.root / "out.txt").exists()

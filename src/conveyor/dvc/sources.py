@@ -11,17 +11,19 @@ written through a temporary file renamed over it, as conveyor writes dvc.lock.
 
 A dep that no stage writes and that is not there fails the run before anything starts, in one
 line, where ``dvc repro`` fails on it: ``failed to reproduce 'train': No such file or directory``.
+So does a ``.dvc`` file DVC cannot reproduce (a ``dvc import`` whose repository cannot be reached
+when its data changed: DVC verifies it against that repository), in DVC's words.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conveyor.dvc.missing import pulled_instead
-from conveyor.errors import UsageError
+from conveyor.errors import ConveyorError, UsageError, plain, redact
 from conveyor.workspace import replace_atomically, state_dir
 
 if TYPE_CHECKING:
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
 class MissingInputError(UsageError):
     """A stage's dep (or a ``.dvc`` file's data) is not there and nothing makes it: nothing runs."""
+
+
+class SourceError(ConveyorError):
+    """DVC could not reproduce a ``.dvc`` file the run reads: nothing runs."""
 
 
 def check_unmade(project: Project, stages: Iterable[str]) -> None:
@@ -69,6 +75,7 @@ def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force:
 
     Raises :class:`MissingInputError` when a file's data is gone (DVC: missing data 'source')."""
     from dvc.dvcfile import load_file
+    from dvc.exceptions import DvcException
     from dvc.stage.exceptions import MissingDataSource
     from dvc.stage.utils import check_missing_outputs
 
@@ -84,10 +91,21 @@ def commit_sources(project: Project, repo: Repo, paths: Iterable[str], *, force:
         except MissingDataSource as exc:
             raise MissingInputError(f"failed to reproduce '{path}': {exc}: put the data back, or "
                                     f"`dvc checkout {path}` to restore it from the cache") from None
-        stage.reproduce(force=True, no_commit=no_commit)  # changed, or forced: DVC verifies, saves, commits
+        try:
+            stage.reproduce(force=True, no_commit=no_commit)  # changed, or forced: DVC verifies, saves, commits
+        except DvcException as exc:  # as `dvc repro` says it: the error and its causes, on one line
+            causes = ": ".join(str(e) for e in _chain(exc))
+            raise SourceError(redact(plain(f"failed to reproduce '{path}': {causes}"))) from None
         if _dump(project.root, stage):
             written.append(path)
     return written
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, as DVC's logger lists them."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__
 
 
 def _dump(root: Path, stage: Stage) -> bool:
