@@ -1,8 +1,8 @@
-"""The warm runner (conveyor.cli.warm): a run after the first is forked from a process that has
-imported Prefect and DVC, and behaves as a fresh process would: its output, exit code, working
-directory and environment are the command's own; Ctrl-C and kill reach it; kill -9 of the command
-kills it; the runner is listed, stopped on demand and after its idle time, and a changed
-environment gets a runner of its own."""
+"""The warm runner (conveyor.cli.warm): a run is forked from a process that has imported Prefect
+and DVC (the first run of an environment starts it and waits for it), and behaves as a fresh
+process would: its output, exit code, working directory and environment are the command's own;
+Ctrl-C and kill reach it; kill -9 of the command kills it; the runner is listed, stopped on demand
+and after its idle time, and a changed environment gets a runner of its own."""
 
 from __future__ import annotations
 
@@ -116,15 +116,15 @@ def wait_gone(procs: list[psutil.Process], what: str, deadline_s: float = 30) ->
     assert not alive, f"{what} still running: {alive}"
 
 
-def test_a_run_after_the_first_is_forked_by_the_warm_runner_and_is_the_command_itself(
+def test_runs_are_forked_by_the_warm_runner_the_first_started_and_are_the_command_itself(
         make_project: Callable[[], Project], home: Path) -> None:
     project = warm_project(make_project, home)
     first = project.conveyor("run")
     assert first.returncode == 0, first.stderr
-    assert forked_by(project) == []  # the first run ran by itself
     [state] = ready(home)
     [runner] = runners(home)
-    assert runner.pid == state["pid"]
+    assert runner.pid == state["pid"] and state["served"] == 1
+    assert runner.pid in forked_by(project)  # the first run too: the runner it started forked it
     # it imports without what it may differ in: the terminal's COLUMNS, the CONVEYOR_WARM_IGNORE'd tag
     assert not {"COLUMNS", "CONVEYOR_TEST_TAG"} & set(runner.environ())
 
@@ -245,7 +245,7 @@ def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Pa
     for env in ({"CONVEYOR_WARM": "0"}, {"CONVEYOR_SERVER_IDLE": "0"}, {"CONVEYOR_WARM_IDLE": "0"}):
         done = project.conveyor("run", "-f", env=env)
         assert done.returncode == 0, done.stderr
-    assert not runners(home)  # one would be there already: it starts with the run, and waits for it to end
+    assert not runners(home)  # one would be there already: the run it starts is forked by it
 
 
 def _wait_for(path: Path, run: subprocess.Popen[str], deadline_s: float = 120) -> None:
@@ -288,9 +288,8 @@ def swallowing():
         pass
 
 warm_runner._preload = swallowing
-read, write = os.pipe()
-os.close(write)  # the run that started it has ended
-warm_runner.serve(uuid.uuid4().hex, read)
+read, write = os.pipe()  # the write end: what it closes once it listens
+warm_runner.serve(uuid.uuid4().hex, write)
 print("ended")
 """
 
@@ -301,6 +300,78 @@ def test_a_runner_stopped_while_it_imports_ends_even_where_an_import_swallowed_t
                           timeout=60)  # else it serves for its 600 s
     assert done.returncode == 0 and done.stdout == "ended\n", done.stdout
     assert not list((tmp_path / "conveyor-server/warm").glob("*.json"))  # no longer listed
+
+
+# A runner whose imports (replaced here) last until the file ``release`` exists, under the key argv[1];
+# and a command (``conveyor status``) handed to the runner of that key.
+SLOW_IMPORTS = """
+import os, sys, time
+from conveyor.cli import warm_runner
+
+def importing():
+    while not os.path.exists("release"):
+        time.sleep(0.02)
+
+warm_runner._preload = importing
+read, write = os.pipe()  # the write end: what it closes once it listens
+warm_runner.serve(sys.argv[1], write)
+"""
+HANDED_OVER = """
+import sys
+from conveyor.cli import warm
+warm.handed_over(sys.argv[1], ["status"])
+print("not handed over")
+"""
+
+
+def queued(runner_key: str) -> int:
+    """The connections in the listening queue of the runner of ``runner_key`` (``/proc/net/unix`` lists
+    them under its name, beside the listener)."""
+    from conveyor.cli.warm import address
+
+    name = "@" + address(runner_key)[1:]
+    lines = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return sum(1 for fields in lines if fields[-1] == name and fields[3] == "00000000")
+
+
+def test_commands_wait_for_a_runner_that_imports_and_ctrl_c_ends_one_at_once_with_nothing_run(
+        tmp_path: Path) -> None:
+    import uuid
+
+    runner_key = uuid.uuid4().hex
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "CONVEYOR_WARM_IDLE": "600"}
+    runner = subprocess.Popen([sys.executable, "-c", SLOW_IMPORTS, runner_key], cwd=tmp_path, env=env)
+    commands: list[subprocess.Popen[str]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "home/conveyor-server/warm").glob("*.json")):  # listed: it listens
+            assert runner.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+
+        def waiting() -> subprocess.Popen[str]:
+            before = queued(runner_key)
+            command = subprocess.Popen([sys.executable, "-c", HANDED_OVER, runner_key], cwd=tmp_path, env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            commands.append(command)
+            while queued(runner_key) == before:  # connected: it waits in the queue
+                assert command.poll() is None, command.communicate()
+                time.sleep(0.02)
+            return command
+
+        abandoned = waiting()
+        abandoned.send_signal(signal.SIGINT)
+        out, err = abandoned.communicate(timeout=10)
+        assert abandoned.returncode == -signal.SIGINT and out == err == "", (out, err)  # ended of it, at once
+        kept = waiting()
+        (tmp_path / "release").touch()  # the imports end: the runner serves the command that still waits
+        out, err = kept.communicate(timeout=60)
+        assert kept.returncode == 2 and "not handed over" not in out, out + err  # `status` with no project here
+        assert served(tmp_path / "home") == 1  # the abandoned one was never forked
+        assert psutil.Process(runner.pid).children() == []
+    finally:
+        for proc in (*commands, runner):
+            proc.kill()
+            proc.wait()
 
 
 def _on_a_terminal(project: Project, env: dict[str, str]) -> bytes:

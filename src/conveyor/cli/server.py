@@ -42,7 +42,8 @@ def _warm_line() -> str:
 
     found = runners()
     if not found:
-        return "warm runners:  none (the next `conveyor run` starts one for the runs after it; CONVEYOR_WARM=0: none)"
+        return ("warm runners:  none (the next `conveyor run` starts one, which forks it and the runs after it; "
+                "CONVEYOR_WARM=0: none)")
     pids = ", ".join(f"{r.pid}{' starting' if r.served < 0 else ''}" for r in found)
     return (f"warm runners:  {len(found)} (pid {pids}; each stops after {_span(found[0].idle_s)} unused; "
             "`conveyor server stop` stops them)")

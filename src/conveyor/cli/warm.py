@@ -2,10 +2,12 @@
 
 A run that forces one trivial stage spent most of its time importing Prefect (0.7 s), DVC and
 their dependencies (1 s of a 1.6 s run on 2 cores), while ``dvc repro -s -f`` takes 0.5 s in
-all. So the first ``conveyor run`` or ``exec`` also starts a **warm runner**
-(:mod:`conveyor.cli.warm_runner`): a process that has imported those libraries once and forks a
-child for each later run of the same environment, which goes straight to the pipeline (importing
-conveyor anew only if its files changed since the runner imported them). A runner that is up also
+all. So a ``conveyor run`` or ``exec`` that finds no **warm runner** starts one
+(:mod:`conveyor.cli.warm_runner`): a process that imports those libraries once and forks a child
+for each run of the same environment, this first one included (its imports are the ones this
+process would have done: the first run costs no more, every later one goes straight to the
+pipeline, importing conveyor anew only if its files changed since the runner imported them). A
+runner that is up also
 serves the short commands that read the project (:data:`SERVED`: ``status``, ``validate``...);
 they start none. What a run does is
 unchanged: the child is given this process's arguments, working directory, environment, umask
@@ -48,6 +50,7 @@ import struct
 import sys
 from types import FrameType
 
+PROTOCOL = 2  # of the hand-over, part of the key: a runner of another conveyor is not asked (2: READY)
 COMMANDS = frozenset({"run", "exec"})  # the commands that import Prefect: they start a runner
 # Short commands that only read the project (or write dvc.yaml): a runner that is up serves them
 # too (``conveyor status``: 0.1 CPU-s instead of 0.45, 0.15 s instead of 0.3), none starts one.
@@ -65,6 +68,9 @@ VOLATILE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "WINDOW
                       "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET"})
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
+# What ends a process by default: received before the runner has forked the run, it ends this one
+ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2})
+READY = b"R"  # a runner's first byte on a connection: it takes the command now
 HEADER = struct.Struct("!I")
 EVENT = struct.Struct("!cq")  # b"P" + the child's pid, then b"X" + its wait status
 _LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",
@@ -72,13 +78,13 @@ _LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZ
 
 
 def main() -> None:
-    """``conveyor``: hand a command of :data:`SERVED` to a warm runner when one serves this environment;
-    otherwise run it in this process (and, for ``run`` and ``exec``, start a runner for the next)."""
+    """``conveyor``: hand a command of :data:`SERVED` to a warm runner when one serves this environment
+    (for ``run`` and ``exec``, to one started for it where none does); otherwise run it in this process."""
     key = eligible(sys.argv[1:])
     if key is not None:
         handed_over(key, sys.argv[1:])  # returns only when no runner took the command
-        if sys.argv[1] in COMMANDS:
-            spawn(key)
+        if sys.argv[1] in COMMANDS and spawn(key):
+            handed_over(key, sys.argv[1:])  # the new runner forks this run once its imports end
     from conveyor.cli.app import main as run_here
 
     run_here()
@@ -119,7 +125,7 @@ def key() -> str:
     except OSError:
         cgroup = ""
     installed = [_mtime(entry) for entry in sys.path]
-    parts = [sys.executable, sys.version, repr(sys.flags), sorted(sys._xoptions.items()), sys.path, installed,
+    parts = [PROTOCOL, sys.executable, sys.version, repr(sys.flags), sorted(sys._xoptions.items()), sys.path, installed,
              os.getuid(), os.geteuid(), os.getgid(), sorted(os.getgroups()), sorted(os.sched_getaffinity(0)),
              limits, namespaces, cgroup, env]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
@@ -150,6 +156,10 @@ def _mtime(entry: str) -> int:
         return 0
 
 
+class _Abandoned(Exception):
+    """A signal of :data:`ENDING` came while the command waited for the runner to fork it."""
+
+
 class _Forwarder:
     """This process's signals, passed on to the child once its pid is known (queued until then)."""
 
@@ -157,6 +167,7 @@ class _Forwarder:
         self.pid: int | None = None
         self.pending: list[int] = []
         self.previous: dict[int, signal._HANDLER] = {}  # to put back when no runner took the command
+        self.waiting = False  # for the runner to fork the child (it may be importing still: a first run)
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTSTP:  # Ctrl-Z: stop the child (its session ignores SIGTSTP), then this process
@@ -166,6 +177,8 @@ class _Forwarder:
             signal.signal(signal.SIGTSTP, self)
             return
         self.send(signum)
+        if self.waiting and self.pid is None and signum in ENDING:
+            raise _Abandoned  # nothing runs yet: this process ends of it now (the runner kills what it forks)
 
     def send(self, signum: int) -> None:
         if self.pid is None:
@@ -183,13 +196,21 @@ class _Forwarder:
 
 def handed_over(runner_key: str, args: list[str]) -> None:
     """Give the command to the runner of ``runner_key`` and exit as its child does; return when no
-    runner took it (none runs, it is stopping, a standard descriptor is closed), having started nothing."""
+    runner took it (none runs, it is stopping, a standard descriptor is closed), having started nothing.
+
+    The runner accepts a connection only when it can fork at once (one that has just started imports
+    first: the command waits in its queue), and says so (:data:`READY`) before the command sends its
+    descriptors: a command abandoned while it waits (Ctrl-C) has given away none of them."""
     fds = [0, 1, 2]
     try:
         for fd in fds:
             os.fstat(fd)  # closed: nothing to hand over
     except OSError:
         return
+    umask = os.umask(0o022)
+    os.umask(umask)
+    request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
+                          "umask": umask, "path": sys.path}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     forward = _Forwarder()
     try:
@@ -197,20 +218,20 @@ def handed_over(runner_key: str, args: list[str]) -> None:
         peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if peer[1] != os.getuid():  # the name is taken by another user's process: not ours to use
             raise PermissionError("another user's runner")
-        umask = os.umask(0o022)
-        os.umask(umask)
-        request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
-                              "umask": umask, "path": sys.path}).encode()
         for signum in (*FORWARDED, signal.SIGTSTP):
             forward.previous[signum] = signal.signal(signum, forward)
+        forward.waiting = True  # from now on a signal of ENDING raises; one that came before is pending
+        if ENDING.intersection(forward.pending):
+            raise _Abandoned
+        if conn.recv(1) != READY:  # closed: the runner stopped, or would not serve after its imports
+            raise ConnectionError("the runner took no command")
         conn.sendmsg([HEADER.pack(len(request))],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
         conn.sendall(request)
-    except OSError:
-        _restore_signals(forward)
-        conn.close()
-        return
-    _wait(conn, forward)
+        _wait(conn, forward)
+    except (OSError, _Abandoned):
+        pass
+    _not_taken(conn, forward)
 
 
 def _wait(conn: socket.socket, forward: _Forwarder) -> None:
@@ -234,14 +255,21 @@ def _wait(conn: socket.socket, forward: _Forwarder) -> None:
         elif kind == b"X":
             _end_as(int(value))
     if forward.pid is None:
-        _restore_signals(forward)
-        conn.close()
-        for signum in forward.pending:  # Ctrl-C or kill before anything started: this process takes it
-            os.kill(os.getpid(), signum)
         return
     print(f"conveyor: the warm runner ended during the run (child pid {forward.pid} was killed with it): run "
           "again, or set CONVEYOR_WARM=0 to run without one", file=sys.stderr)
     os._exit(1)
+
+
+def _not_taken(conn: socket.socket, forward: _Forwarder) -> None:
+    """Nothing was forked for this command: it runs here, or ends of the signal that came meanwhile."""
+    forward.waiting = False
+    _restore_signals(forward)
+    conn.close()  # a child the runner forks now is killed at once: its client is gone
+    for signum in forward.pending:  # Ctrl-C or kill before anything started: this process takes it
+        if signum in ENDING:  # and ends of it, as a run that has not started would
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def _end_as(status: int) -> None:
@@ -258,24 +286,33 @@ def _restore_signals(forward: _Forwarder) -> None:
         signal.signal(signum, handler)
 
 
-def spawn(runner_key: str) -> None:
-    """Start the runner of ``runner_key`` for the runs after this one. It claims its name at once (a
-    second run meanwhile starts none) and imports nothing until this process has exited: it never
-    competes with this run for the CPU. Any failure here is silent: this run goes on as before."""
+def spawn(runner_key: str) -> bool:
+    """Start the runner of ``runner_key`` and wait until it has claimed its name and listens (before its
+    imports: this command, handed over next, waits in its queue and is forked once they end; a run
+    started meanwhile waits there too): True then, or when it found the name taken (a runner another
+    run started: the hand-over tries that one). False, silently, where it could not be started or did
+    not listen within :data:`SPAWN_WAIT_S`: the command runs here, as without runners."""
+    import select
     import subprocess
 
     try:
-        read, write = os.pipe()  # the runner waits for this process's end: the write end closes with it
-        subprocess.Popen([sys.executable, "-c", _SERVE, runner_key, str(read), json.dumps(sys.path)],
-                         pass_fds=(read,), cwd="/", env=_lasting_environ(), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        os.close(read)
-        _HELD.append(write)
+        read, write = os.pipe()  # the runner closes its end once it listens (or ends)
+        try:
+            subprocess.Popen([sys.executable, "-c", _SERVE, runner_key, str(write), json.dumps(sys.path)],
+                             pass_fds=(write,), cwd="/", env=_lasting_environ(), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(write)
+        try:
+            ready, _, _ = select.select([read], [], [], SPAWN_WAIT_S)
+            return bool(ready) and not os.read(read, 1)
+        finally:
+            os.close(read)
     except OSError:
-        return
+        return False
 
 
 # sys.path first, as this process has it: the runner imports what this process would
 _SERVE = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
           "from conveyor.cli.warm_runner import serve; serve(sys.argv[1], int(sys.argv[2]))")
-_HELD: list[int] = []  # the write end of the runner's wait: open until this process ends
+SPAWN_WAIT_S = 10.0  # for a new runner to listen: 0.1 s on 2 cores (Python's start and 70 ms of imports)

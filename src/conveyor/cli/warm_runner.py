@@ -1,10 +1,10 @@
 """The warm runner: imports Prefect, DVC and conveyor's commands once, then forks a child per run.
 
 Started by :func:`conveyor.cli.warm.spawn` as ``python -c ... KEY FD PATH`` in a session of its
-own, from ``/``. It claims its abstract socket name first (a run started meanwhile finds it taken
-and not yet listening: it runs by itself and starts no other runner), waits for the run that
-started it to end (the pipe ``FD`` closes with it: the imports never compete with that run for
-the CPU), imports (:data:`PRELOAD`), and then serves: each connection from a process of the same
+own, from ``/``, by a run that found no runner. It claims its abstract socket name and listens
+first, then closes the pipe ``FD`` (that run connects now), imports (:data:`PRELOAD`) and then
+serves: the runs that connected meanwhile, that first one included, waited in the listening
+queue. Each connection from a process of the same
 user brings a command line, a working directory, an environment, a umask and three descriptors;
 a forked child takes them as its own (:func:`_become`), keeps the conveyor modules the runner
 had imported only if their files are unchanged (else it imports conveyor's code as it is on disk
@@ -17,7 +17,7 @@ run for its idle time (``CONVEYOR_WARM_IDLE``, else ``CONVEYOR_SERVER_IDLE``), o
 its children have ended (``conveyor server stop``: runs under way finish), and when more than
 :data:`MAX_RUNNERS` runners of one ``PREFECT_HOME`` are up (the one used least recently goes). Its files, in
 ``PREFECT_HOME/conveyor-server/warm/``: ``KEY.json`` (pid, start, idle time, runs served: -1
-while it waits and imports; rewritten at each run) and ``KEY.log`` (its standard error).
+while it imports; rewritten at each run) and ``KEY.log`` (its standard error).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from conveyor.cli.warm import EVENT, HEADER, address, idle_s
+from conveyor.cli.warm import EVENT, HEADER, READY, address, idle_s
 from conveyor.cli.warm_child import SETTINGS_READ, child, record_imported, settings_sources
 from conveyor.prefect.kept import prefect_home
 
@@ -112,11 +112,12 @@ def stop_all() -> list[Runner]:
     return stopped
 
 
-def serve(runner_key: str, wait_fd: int) -> None:
+def serve(runner_key: str, ready_fd: int) -> None:
     """The runner's life (see the module's doc); returns when it ends."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(address(runner_key))
+        listener.listen(16)  # the runs that come while it imports wait in this queue
     except OSError:  # another runner has this key
         return
     idle = idle_s()
@@ -133,20 +134,17 @@ def serve(runner_key: str, wait_fd: int) -> None:
         return  # no place for its state: not visible, so not kept
     signal.signal(signal.SIGTERM, _leave)
     try:
-        while os.read(wait_fd, 4096):  # until the run that started this one has ended
-            pass
-        os.close(wait_fd)
+        os.close(ready_fd)  # the run that started this one hands itself over now
         from conveyor.prefect.server import bounded_environ
 
         bounded_environ()  # as every run sets them, before Prefect reads its settings
         _preload()
         if _LEAVING:  # stopped while importing, and a library's bare `except:` took the SystemExit
             return
-        if threading.active_count() > 1:  # a fork would copy held locks: serve nothing
+        if threading.active_count() > 1:  # a fork would copy held locks: serve nothing (the waiting runs
             print(f"conveyor warm runner: threads after the imports ({threading.enumerate()}): not serving",
-                  file=sys.stderr)
+                  file=sys.stderr)  # find their connections closed: they run by themselves)
             return
-        listener.listen(16)
         started = time.time()
         _write_state(state, started, idle, 0)
         for extra in runners()[MAX_RUNNERS:]:
@@ -265,6 +263,7 @@ class _Loop:
             peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if peer[1] != os.getuid():
                 raise OSError("another user")
+            conn.sendall(READY)
             data, ancillary, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_SPACE(3 * 4))
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -273,6 +272,8 @@ class _Loop:
             request = json.loads(_recv_exactly(conn, HEADER.unpack(data)[0]))
             if len(fds) != 3:
                 raise OSError("the three standard descriptors were not passed")
+            if _gone(conn):  # it stopped waiting while this runner imported (Ctrl-C): nothing to run
+                raise OSError("the client has gone")
         except (OSError, ValueError, struct.error):
             for fd in fds:
                 os.close(fd)
@@ -298,6 +299,15 @@ class _Loop:
 
 def _nothing(signum: int, frame: FrameType | None) -> None:
     """SIGCHLD: only to wake the loop (through the wakeup descriptor)."""
+
+
+def _gone(conn: socket.socket) -> bool:
+    """Whether the client closed its end (it sends nothing after its request: readable means closed)."""
+    ready, _, _ = select.select([conn], [], [], 0)
+    try:
+        return bool(ready) and not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
 
 
 def _recv(conn: socket.socket, size: int) -> bytes:
