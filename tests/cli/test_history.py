@@ -274,6 +274,24 @@ def test_a_record_of_another_version_or_broken_is_read_or_skipped(demo: Path) ->
             parse_record(broken)
 
 
+def test_the_last_success_of_each_stage_is_read_from_the_newest_records_only(
+        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run compares its stages' environment with: a project's thousands of records are not all read."""
+    from conveyor.run import record
+    from conveyor.run.environment import last_successes
+
+    for minute in range(5):
+        write_run(demo, f"20261124T10{minute:02d}00-aaaaaa", minute, stages={
+            "train": StageRecord("succeeded", metrics={"minute": minute}),
+            "prep": StageRecord("succeeded" if minute == 1 else "skipped")})
+    write_run(demo, "20261124T1005-failed", 5, status="failed", stages={"train": StageRecord("failed")})
+    parse, read = record.parse_record, []
+    monkeypatch.setattr(record, "parse_record", lambda data: read.append(data["run_id"][9:13]) or parse(data))
+    found = last_successes(record.newest_runs(demo), ["train", "prep"])
+    assert found["train"].metrics == {"minute": 4} and found["prep"].status == "succeeded"
+    assert read == ["1005", "1004", "1003", "1002", "1001"]  # newest first, up to prep's success: not 1000
+
+
 # ------------------------------------------------------------------- --plot
 
 def test_plot_writes_one_escaped_svg_page_with_a_series_per_run(demo: Path) -> None:

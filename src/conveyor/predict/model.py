@@ -91,7 +91,7 @@ def resolve(project: Project, which: str = CHAMPION) -> ModelVersion:
 
 def _latest_run(project: Project, old_champion: bool) -> dict[str, Any]:
     """What /model says of a model no champion was promoted for: the last run that made it."""
-    from conveyor.run.record import load_runs
+    from conveyor.run.record import newest_runs
 
     why = ("the champion predates the model section (it stored no model files)" if old_champion
            else "no champion has been promoted yet")
@@ -101,9 +101,8 @@ def _latest_run(project: Project, old_champion: bool) -> dict[str, Any]:
     sources = [name for name, ups in upstream_graph(project.pipeline).items() if not ups]
     card: dict[str, Any] = {"note": f"{why}: the model of the latest successful run",
                             "data_version": data_version(project, sources)}
-    done = [r for r in load_runs(project.root)[0] if r.status == "succeeded"]
-    if done:
-        run = done[-1]
+    run = next((r for r in newest_runs(project.root) if r.status == "succeeded"), None)
+    if run is not None:
         metrics = {f"{name}:{key}": value for name, stage in run.stages.items() for key, value in stage.metrics.items()}
         card.update(run_id=run.run_id, finished=run.finished, metrics=metrics)
     return card

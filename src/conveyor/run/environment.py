@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from conveyor.run.determinism import PINS
-from conveyor.run.record import RunRecord, StageRecord, load_runs
+from conveyor.run.record import RunRecord, StageRecord, newest_runs
 from conveyor.spec.project import Project
 from conveyor.spec.scripts import command_code
 from conveyor.spec.sources import parse
@@ -96,7 +96,7 @@ class History:
         """What changed in ``stage``'s environment since its last success (information, not a reason to run)."""
         if self._last is None:
             spec = self.project.rel(self.project.spec_path)
-            runs = [r for r in load_runs(self.project.root)[0] if r.spec in (spec, "")]
+            runs = (r for r in newest_runs(self.project.root) if r.spec in (spec, ""))
             self._last = last_successes(runs, self.project.order)
         before = self._last.get(stage)
         if before is None:
@@ -106,12 +106,15 @@ class History:
 
 
 def last_successes(runs: Iterable[RunRecord], stages: Iterable[str]) -> dict[str, StageRecord]:
-    """The record of each stage's latest success in ``runs`` (oldest first)."""
+    """The record of each stage's latest success in ``runs`` (newest first: read no further than the
+    run where the last of ``stages`` is found)."""
     wanted, found = set(stages), {}
     for run in runs:
         for name, stage in run.stages.items():
-            if name in wanted and stage.status == "succeeded":
+            if name in wanted and name not in found and stage.status == "succeeded":
                 found[name] = stage
+        if len(found) == len(wanted):
+            break
     return found
 
 

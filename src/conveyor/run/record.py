@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -323,6 +323,21 @@ def load_runs(root: Path) -> tuple[list[RunRecord], list[Path]]:
         except (OSError, ValueError, TypeError, AttributeError):
             unreadable.append(path)
     return sorted(runs, key=lambda r: (_started(r), r.run_id)), unreadable
+
+
+def newest_runs(root: Path) -> Iterator[RunRecord]:
+    """The project's readable run records, newest first, read one at a time: a caller that wants the
+    latest few stops there (a run asks what its stages ran in last: with thousands of records in
+    ``.conveyor/runs``, reading them all took longer than the run). Newest by name: a run id begins
+    with its start time in UTC (:func:`new_run_id`), to the second."""
+    folder = runs_dir(root)
+    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
+        if path.name == "latest.json":
+            continue
+        try:
+            yield parse_record(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
 
 
 def parse_record(data: Any) -> RunRecord:
