@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed import Client, LocalCluster
@@ -114,12 +115,12 @@ def test_background_processes_of_a_finished_command_do_not_outlive_it(tmp_path: 
     assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
 
 
-def test_an_interrupt_of_the_waiting_thread_kills_the_command(tmp_path: Path) -> None:
-    """Ctrl-C reaches a stage as KeyboardInterrupt raised in its thread (StageRunner.interrupt)."""
+def interrupt_when_started(cmd: Command, lines: Lines, *, ready: threading.Event | None = None) -> list[str]:
+    """Run ``cmd`` in a stage thread and raise KeyboardInterrupt in that thread (StageRunner.interrupt:
+    Ctrl-C) once the command has printed ``started`` (and ``ready`` is set): what the thread caught."""
     import ctypes
 
-    cmd = command(tmp_path, "echo started; sleep 300")
-    lines, caught = Lines(), []
+    caught: list[str] = []
 
     def stage() -> None:
         try:
@@ -129,11 +130,41 @@ def test_an_interrupt_of_the_waiting_thread_kills_the_command(tmp_path: Path) ->
 
     thread = threading.Thread(target=stage)
     thread.start()
+    assert ready is None or ready.wait(30)
     while lines.of("out") != ["started"]:
         time.sleep(0.02)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident or 0), ctypes.py_object(KeyboardInterrupt))
     thread.join(10)
-    assert caught == ["interrupted"]
+    return caught
+
+
+def test_an_interrupt_of_the_waiting_thread_kills_the_command(tmp_path: Path) -> None:
+    """Ctrl-C reaches a stage as KeyboardInterrupt raised in its thread (StageRunner.interrupt)."""
+    cmd = command(tmp_path, "echo started; sleep 300")
+    assert interrupt_when_started(cmd, Lines()) == ["interrupted"]
+    assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
+
+
+def test_an_interrupt_while_the_output_readers_start_kills_the_command_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C just after the command started, while its second reader thread starts (a thread's start
+    waits for it: long on a loaded machine): its processes end all the same (they ran on, once)."""
+    from conveyor.run import commands
+
+    reader, starting = commands._reader, threading.Event()
+
+    def slow_to_start(stream: Any, name: str, sink: Any, tail: Any) -> threading.Thread:
+        thread = reader(stream, name, sink, tail)
+        if name == "err":  # the interrupt comes in here
+            starting.set()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        return thread
+
+    monkeypatch.setattr(commands, "_reader", slow_to_start)
+    cmd = command(tmp_path, "echo started; sleep 300")
+    assert interrupt_when_started(cmd, Lines(), ready=starting) == ["interrupted"]
     assert wait_until_none(cmd.env["CONVEYOR_TEST_MARK"]) == []
 
 

@@ -114,12 +114,13 @@ def run_here(command: Command, sink: Sink, *, token: str | None = None, budget: 
     thread (Ctrl-C, a stage timeout) kills the group, then propagates.
     """
     guard = _start(command)
-    if token is not None:
-        with _RUNNING_LOCK:
-            _RUNNING[token] = guard
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    readers = [_reader(guard.stdout, "out", sink, None), _reader(guard.stderr, "err", sink, tail)]
-    try:
+    readers: list[threading.Thread] = []
+    try:  # from here: an interrupt raised while the readers start (a thread's start waits) ends the group too
+        if token is not None:
+            with _RUNNING_LOCK:
+                _RUNNING[token] = guard
+        readers += [_reader(guard.stdout, "out", sink, None), _reader(guard.stderr, "err", sink, tail)]
         returncode = _wait(guard, command, budget)
     finally:
         kill_group(guard)
