@@ -246,6 +246,11 @@ def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Pa
         done = project.conveyor("run", "-f", env=env)
         assert done.returncode == 0, done.stderr
     assert not runners(home)  # one would be there already: the run it starts is forked by it
+    # nor for a command whose standard input is closed (no descriptor to hand over): it runs here
+    closed = subprocess.run(["sh", "-c", "exec conveyor run -f <&-"], cwd=project.root, env=project.env,
+                            capture_output=True, text=True, timeout=300)
+    assert closed.returncode == 0, closed.stderr
+    assert not runners(home)
 
 
 def _wait_for(path: Path, run: subprocess.Popen[str], deadline_s: float = 120) -> None:

@@ -80,7 +80,7 @@ _LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZ
 def main() -> None:
     """``conveyor``: hand a command of :data:`SERVED` to a warm runner when one serves this environment
     (for ``run`` and ``exec``, to one started for it where none does); otherwise run it in this process."""
-    key = eligible(sys.argv[1:])
+    key = eligible(sys.argv[1:]) if _standard_fds_open() else None  # closed: nothing to hand over
     if key is not None:
         handed_over(key, sys.argv[1:])  # returns only when no runner took the command
         if sys.argv[1] in COMMANDS and spawn(key):
@@ -196,17 +196,12 @@ class _Forwarder:
 
 def handed_over(runner_key: str, args: list[str]) -> None:
     """Give the command to the runner of ``runner_key`` and exit as its child does; return when no
-    runner took it (none runs, it is stopping, a standard descriptor is closed), having started nothing.
+    runner took it (none runs, it is stopping), having started nothing.
 
     The runner accepts a connection only when it can fork at once (one that has just started imports
     first: the command waits in its queue), and says so (:data:`READY`) before the command sends its
     descriptors: a command abandoned while it waits (Ctrl-C) has given away none of them."""
     fds = [0, 1, 2]
-    try:
-        for fd in fds:
-            os.fstat(fd)  # closed: nothing to hand over
-    except OSError:
-        return
     umask = os.umask(0o022)
     os.umask(umask)
     request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
@@ -279,6 +274,15 @@ def _end_as(status: int) -> None:
         os.kill(os.getpid(), -code)
         code = 128 - code
     os._exit(code)
+
+
+def _standard_fds_open() -> bool:
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _restore_signals(forward: _Forwarder) -> None:
