@@ -339,6 +339,12 @@ def queued(runner_key: str) -> int:
     return sum(1 for fields in lines if fields[-1] == name and fields[3] == "00000000")
 
 
+def catches_ctrl_z(pid: int) -> bool:
+    """Whether process ``pid`` has a handler of SIGTSTP (``SigCgt`` in ``/proc/PID/status``)."""
+    caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTSTP - 1) & 1)
+
+
 def test_commands_wait_for_a_runner_that_imports_and_ctrl_c_ends_one_at_once_with_nothing_run(
         tmp_path: Path) -> None:
     import uuid
@@ -358,8 +364,8 @@ def test_commands_wait_for_a_runner_that_imports_and_ctrl_c_ends_one_at_once_wit
             command = subprocess.Popen([sys.executable, "-c", HANDED_OVER, runner_key], cwd=tmp_path, env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             commands.append(command)
-            while queued(runner_key) == before:  # connected: it waits in the queue
-                assert command.poll() is None, command.communicate()
+            while queued(runner_key) == before or not catches_ctrl_z(command.pid):  # connected, its
+                assert command.poll() is None, command.communicate()  # handlers set (Ctrl-Z's the last): waits
                 time.sleep(0.02)
             return command
 

@@ -178,6 +178,7 @@ class _Forwarder:
             return
         self.send(signum)
         if self.waiting and self.pid is None and signum in ENDING:
+            self.waiting = False  # once: a second signal meanwhile is only pending
             raise _Abandoned  # nothing runs yet: this process ends of it now (the runner kills what it forks)
 
     def send(self, signum: int) -> None:

@@ -141,9 +141,10 @@ def serve(runner_key: str, ready_fd: int) -> None:
         _preload()
         if _LEAVING:  # stopped while importing, and a library's bare `except:` took the SystemExit
             return
-        if threading.active_count() > 1:  # a fork would copy held locks: serve nothing (the waiting runs
+        if threading.active_count() > 1:  # a fork would copy held locks: serve nothing (the runs waiting
+            # in the queue find their connections closed, and run by themselves)
             print(f"conveyor warm runner: threads after the imports ({threading.enumerate()}): not serving",
-                  file=sys.stderr)  # find their connections closed: they run by themselves)
+                  file=sys.stderr)
             return
         started = time.time()
         _write_state(state, started, idle, 0)
