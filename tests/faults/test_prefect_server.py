@@ -221,4 +221,9 @@ def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_s
 
 @contextmanager
 def _nobody_listening() -> Iterator[str]:
-    yield f"http://127.0.0.1:{free_port()}/api"
+    """A loopback port held (bound, never listening: a connection is refused) for the block: a free port
+    let go at once could be taken meanwhile by another test's server, which answers (a Dask
+    dashboard's /health did, once the run waited for its warm runner's imports)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}/api"
