@@ -327,9 +327,9 @@ def load_runs(root: Path) -> tuple[list[RunRecord], list[Path]]:
 
 def newest_runs(root: Path) -> Iterator[RunRecord]:
     """The project's readable run records, newest first, read one at a time: a caller that wants the
-    latest few stops there (a run asks what its stages ran in last: with thousands of records in
-    ``.conveyor/runs``, reading them all took longer than the run). Newest by name: a run id begins
-    with its start time in UTC (:func:`new_run_id`), to the second."""
+    latest few stops there (a run asks what its stages ran in last; reading every record cost a
+    trivial run 0.05 CPU-s at 800 records, and grew with the history). Newest by name: a run id
+    begins with its start time in UTC (:func:`new_run_id`), to the second."""
     folder = runs_dir(root)
     for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
         if path.name == "latest.json":
