@@ -314,14 +314,11 @@ def load_runs(root: Path) -> tuple[list[RunRecord], list[Path]]:
     """Every readable run record of the project, oldest first, and the files that could not be read."""
     runs: list[RunRecord] = []
     unreadable: list[Path] = []
-    folder = runs_dir(root)
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if path.name == "latest.json":  # a copy of the last run's record
-            continue
-        try:
-            runs.append(parse_record(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, TypeError, AttributeError):
+    for path, run in _records(root):
+        if run is None:
             unreadable.append(path)
+        else:
+            runs.append(run)
     return sorted(runs, key=lambda r: (_started(r), r.run_id)), unreadable
 
 
@@ -330,14 +327,20 @@ def newest_runs(root: Path) -> Iterator[RunRecord]:
     latest few stops there (a run asks what its stages ran in last; reading every record cost a
     trivial run 0.05 CPU-s at 800 records, and grew with the history). Newest by name: a run id
     begins with its start time in UTC (:func:`new_run_id`), to the second."""
+    return (run for _, run in _records(root, newest_first=True) if run is not None)
+
+
+def _records(root: Path, *, newest_first: bool = False) -> Iterator[tuple[Path, RunRecord | None]]:
+    """Each record file of the project in the order of its name, read as it is reached: None for one
+    that cannot be read as a record."""
     folder = runs_dir(root)
-    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
-        if path.name == "latest.json":
+    for path in sorted(folder.glob("*.json"), reverse=newest_first) if folder.is_dir() else []:
+        if path.name == "latest.json":  # a copy of the last run's record
             continue
         try:
-            yield parse_record(json.loads(path.read_text(encoding="utf-8")))
+            yield path, parse_record(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError, AttributeError):
-            continue
+            yield path, None
 
 
 def parse_record(data: Any) -> RunRecord:
