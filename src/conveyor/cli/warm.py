@@ -202,11 +202,6 @@ def handed_over(runner_key: str, args: list[str]) -> None:
     The runner accepts a connection only when it can fork at once (one that has just started imports
     first: the command waits in its queue), and says so (:data:`READY`) before the command sends its
     descriptors: a command abandoned while it waits (Ctrl-C) has given away none of them."""
-    fds = [0, 1, 2]
-    umask = os.umask(0o022)
-    os.umask(umask)
-    request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
-                          "umask": umask, "path": sys.path}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     forward = _Forwarder()
     try:
@@ -221,8 +216,12 @@ def handed_over(runner_key: str, args: list[str]) -> None:
             raise _Abandoned
         if conn.recv(1) != READY:  # closed: the runner stopped, or would not serve after its imports
             raise ConnectionError("the runner took no command")
+        umask = os.umask(0o022)
+        os.umask(umask)
+        request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
+                              "umask": umask, "path": sys.path}).encode()
         conn.sendmsg([HEADER.pack(len(request))],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
         conn.sendall(request)
         _wait(conn, forward)
     except (OSError, _Abandoned):
