@@ -240,6 +240,54 @@ def test_the_runner_ends_after_its_idle_time(make_project: Callable[[], Project]
     assert not list((home / "conveyor-server/warm").glob("*.json"))
 
 
+# A task that says which data libraries its process had imported before it imported them, then
+# uses what a fork could break in them: OpenBLAS's threads, pyarrow's allocator, dask's threads.
+LEARNING_TASK = """
+import sys
+
+BEFORE = [name for name in ("numpy", "pandas", "pyarrow", "dask.dataframe") if name in sys.modules]
+
+import json
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+
+
+def use(ctx):
+    a = np.random.default_rng(0).standard_normal((300, 300))
+    pd.DataFrame({"x": np.arange(1000), "y": np.arange(1000) / 2}).to_parquet(ctx.root / "frame.parquet")
+    frame = dd.read_parquet(ctx.root / "frame.parquet").map_partitions(lambda p: p.assign(z=p.x + p.y))
+    done = {"before": BEFORE, "blas": float((a @ a.T).trace()), "z": float(frame.z.sum().compute(scheduler="threads"))}
+    ctx.out().write_text(json.dumps(done))
+"""
+
+
+def test_a_runner_imports_the_data_libraries_its_runs_imported_before_it_forks_the_next(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = make_project()
+    project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE="120")
+    for name in ("CONVEYOR_WARM", "CONVEYOR_WARM_IDLE"):
+        project.env.pop(name, None)
+    project.write("configs/pipeline.yaml",
+                  "pipeline: learning\nstages:\n  use: {task: tasks.use:use, outs: [used.json]}\n")
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/use.py", LEARNING_TASK)
+    runs = []
+    for _ in range(2):
+        done = project.conveyor("run", "-f")
+        assert done.returncode == 0, done.stdout + done.stderr
+        runs.append(json.loads((project.root / "used.json").read_text()))
+    assert served(home) == 2  # both forked by the runner the first started
+    first, second = runs
+    assert first["before"] == []  # the first run imported them itself
+    assert second["before"] == ["numpy", "pandas", "pyarrow", "dask.dataframe"]  # the runner had, once
+    assert (second["blas"], second["z"]) == (first["blas"], first["z"])
+    status = project.conveyor("server", "status")
+    assert "imported for their runs: numpy, pandas, pyarrow, pyarrow.parquet, dask, dask.dataframe" in status.stdout, \
+        status.stdout
+
+
 def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Path) -> None:
     project = warm_project(make_project, home)
     for env in ({"CONVEYOR_WARM": "0"}, {"CONVEYOR_SERVER_IDLE": "0"}, {"CONVEYOR_WARM_IDLE": "0"}):

@@ -45,7 +45,9 @@ def _warm_line() -> str:
         return ("warm runners:  none (the next `conveyor run` starts one, which forks it and the runs after it; "
                 "CONVEYOR_WARM=0: none)")
     pids = ", ".join(f"{r.pid}{' starting' if r.served < 0 else ''}" for r in found)
-    return (f"warm runners:  {len(found)} (pid {pids}; each stops after {_span(found[0].idle_s)} unused; "
+    learned = list(dict.fromkeys(name for r in found for name in r.learned))
+    held = f"; imported for their runs: {', '.join(learned)}" if learned else ""
+    return (f"warm runners:  {len(found)} (pid {pids}; each stops after {_span(found[0].idle_s)} unused{held}; "
             "`conveyor server stop` stops them)")
 
 

@@ -36,6 +36,15 @@ from typing import Any
 SETTINGS_READ: list[tuple[object, bool]] = []
 # The file of every conveyor module the runner imported, with its signature then (see _signature).
 IMPORTED: dict[str, tuple[int, int, int, int] | None] = {}
+# The data libraries a runner imports once its runs have (conveyor.cli.warm_runner): third-party,
+# slow to import (NumPy 0.1 CPU-s, pandas with pyarrow 0.4, dask.dataframe 0.5, distributed 0.5),
+# read nothing of a run's directory as they load, and start no Python thread; their native threads
+# (OpenBLAS's pool, pyarrow's jemalloc purger) are stopped or forgotten across a fork by their own
+# atfork handlers. In the order they are imported. Never torch, scikit-learn or anything with
+# OpenMP (GNU OpenMP's pool does not survive a fork), nor a user's own packages.
+LEARNABLE = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "dask", "dask.dataframe", "distributed")
+# The runner's pipe for a child's report of what it imported of LEARNABLE (set in the runner)
+REPORT: list[int] = []
 
 
 def record_imported() -> None:
@@ -80,6 +89,7 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
     code: int = 1
     try:
         _become(runner, fds, request, [conn, *shared])
+        atexit.register(_report_imported)  # run by every way the command exits (conveyor.cli.exits too)
         from conveyor.workspace import stand_in
 
         stand_in(client)  # the run lock and a kept server's lease name the command the user started
@@ -101,6 +111,16 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def _report_imported() -> None:
+    """Tell the runner which of :data:`LEARNABLE` this run imported (one line, written whole: under
+    PIPE_BUF), for it to import them before the next run; never waits (a full pipe drops it). The
+    last exit handler to run (the first registered)."""
+    names = [name for name in LEARNABLE if name in sys.modules]
+    if names and REPORT:
+        with contextlib.suppress(OSError):
+            os.write(REPORT[0], (" ".join(names) + "\n").encode())
 
 
 def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: list[Any]) -> None:
@@ -152,6 +172,8 @@ def _libraries_here() -> None:
         dvc_logger.setup()  # as `import dvc` does, with this process's streams
     if "conveyor.cli.common" in sys.modules:
         sys.modules["conveyor.cli.common"].consoles_here()
+    if "dask.config" in sys.modules:  # imported in the runner (LEARNABLE): Dask's YAML files and DASK_* as now
+        sys.modules["dask.config"].refresh()
     from conveyor.prefect.server import bounded_environ
 
     # what every run sets first (the runner had them set as it imported Prefect): in place before

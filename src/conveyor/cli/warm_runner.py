@@ -11,13 +11,20 @@ had imported only if their files are unchanged (else it imports conveyor's code 
 now) and runs the command; the runner sends the child's pid and then its wait status back.
 
 It forks only from a single thread (checked after the imports): nothing is locked in a child.
+It also learns the data libraries its runs load (:data:`LEARNABLE`: NumPy, pandas, pyarrow,
+Dask's dataframe, distributed; 0.1 to 1 CPU-s a run): each child says, as it exits, which of them
+it had imported, and the runner imports those before it forks the next run, so that each is
+imported once, by a run that would have imported it anyway. Of these only native threads start
+(OpenBLAS's pool, jemalloc's purger in pyarrow), which their libraries stop or forget across a
+fork; no user code is ever imported here.
 A child dies with the runner (``PR_SET_PDEATHSIG``) and is killed when its client goes (kill
 -9 of ``conveyor``): the runner sees the connection close. The runner ends when no child has
 run for its idle time (``CONVEYOR_WARM_IDLE``, else ``CONVEYOR_SERVER_IDLE``), on SIGTERM once
 its children have ended (``conveyor server stop``: runs under way finish), and when more than
 :data:`MAX_RUNNERS` runners of one ``PREFECT_HOME`` are up (the one used least recently goes). Its files, in
 ``PREFECT_HOME/conveyor-server/warm/``: ``KEY.json`` (pid, start, idle time, runs served: -1
-while it imports; rewritten at each run) and ``KEY.log`` (its standard error).
+while it imports, the libraries it learned; rewritten at each run) and ``KEY.log`` (its standard
+error).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from types import FrameType
 from typing import Any
 
 from conveyor.cli.warm import EVENT, HEADER, READY, address, idle_s
-from conveyor.cli.warm_child import SETTINGS_READ, child, record_imported, settings_sources
+from conveyor.cli.warm_child import LEARNABLE, REPORT, SETTINGS_READ, child, record_imported, settings_sources
 from conveyor.prefect.kept import prefect_home
 
 MAX_RUNNERS = 4
@@ -75,13 +82,14 @@ class Runner:
     idle_s: float
     served: int
     used: float
+    learned: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, path: Path) -> Runner | None:
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
             return cls(path.stem, int(raw["pid"]), float(raw["started"]), float(raw["idle_s"]), int(raw["served"]),
-                       path.stat().st_mtime)
+                       path.stat().st_mtime, tuple(map(str, raw.get("learned", ()))))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -190,11 +198,11 @@ def _preload() -> None:
     record_imported()
 
 
-def _write_state(state: Path, started: float, idle: float, served: int) -> None:
+def _write_state(state: Path, started: float, idle: float, served: int, learned: list[str] | None = None) -> None:
     """``KEY.json``, replaced whole (a reader never sees half of it)."""
     part = state.with_suffix(".part")
-    part.write_text(json.dumps({"pid": os.getpid(), "started": started, "idle_s": idle, "served": served}),
-                    encoding="utf-8")
+    part.write_text(json.dumps({"pid": os.getpid(), "started": started, "idle_s": idle, "served": served,
+                                "learned": learned or []}), encoding="utf-8")
     part.replace(state)
 
 
@@ -209,6 +217,14 @@ class _Loop:
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         self.wake_w = wake_w
+        # what the children say they imported of LEARNABLE (a line each, written as they exit)
+        self.report_r, report_w = os.pipe()
+        os.set_blocking(self.report_r, False)
+        os.set_blocking(report_w, False)  # a child never waits on it: a report that does not fit is dropped
+        REPORT[:] = [report_w]
+        self.to_learn: list[str] = []
+        self.learned: list[str] = []  # imported here (in the state file)
+        self.failed: list[str] = []  # whose import failed here: not tried again
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, _nothing)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -227,10 +243,13 @@ class _Loop:
                     self.state.unlink()
             if not self.children and (self.stopping or time.monotonic() - self.last > self.idle):
                 return
-            waiting: list[Any] = [self.wake_r, *self.children.values(), *([self.listener] if self.listener else [])]
+            waiting: list[Any] = [self.wake_r, self.report_r, *self.children.values(),
+                                  *([self.listener] if self.listener else [])]
             ready, _, _ = select.select(waiting, [], [], CHECK_EVERY_S)
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
+            if self.report_r in ready:
+                self._read_reports()
             for pid, conn in list(self.children.items()):
                 if conn in ready and not _recv(conn, 1):  # its client is gone (even by kill -9): so is the run
                     with contextlib.suppress(ProcessLookupError):
@@ -253,6 +272,38 @@ class _Loop:
                     conn.sendall(EVENT.pack(b"X", status))
                 conn.close()
 
+    def _read_reports(self) -> None:
+        """The children's lines: the :data:`LEARNABLE` names each had imported."""
+        data = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self.report_r, 65536):
+                data += chunk
+        for name in data.decode(errors="replace").split():
+            if name in LEARNABLE and name not in self.learned + self.failed + self.to_learn:
+                self.to_learn.append(name)
+
+    def _learn(self) -> bool:
+        """Import what the runs have been importing (:meth:`_read_reports`), before the next is forked:
+        whether this runner may still fork (a library that started a Python thread would make it
+        unsafe: the runner then serves no more, and the runs after it start runners of their own)."""
+        self._read_reports()
+        if not self.to_learn:
+            return True
+        for name in sorted(self.to_learn, key=LEARNABLE.index):
+            try:
+                importlib.import_module(name)
+                self.learned.append(name)
+            except Exception:  # noqa: BLE001  # broken: each child imports (and fails on) it itself, as now
+                traceback.print_exc()
+                self.failed.append(name)
+        self.to_learn.clear()
+        if threading.active_count() > 1:
+            print(f"conveyor warm runner: threads after importing {', '.join(self.learned)} "
+                  f"({threading.enumerate()}): not serving", file=sys.stderr)
+            self.stopping = True
+            return False
+        return True
+
     def _accept(self, listener: socket.socket) -> None:
         try:
             conn, _ = listener.accept()
@@ -264,6 +315,8 @@ class _Loop:
             peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if peer[1] != os.getuid():
                 raise OSError("another user")
+            if not self._learn():  # before READY: the command waits (and may go) as while a runner starts
+                raise OSError("no longer forking")
             conn.sendall(READY)
             data, ancillary, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_SPACE(3 * 4))
             for level, kind, payload in ancillary:
@@ -284,14 +337,15 @@ class _Loop:
         runner = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child(runner, peer[0], conn, fds, request, [self.wake_r, self.wake_w, listener, *self.children.values()])
+            child(runner, peer[0], conn, fds, request,
+                  [self.wake_r, self.wake_w, self.report_r, listener, *self.children.values()])
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
         self.last = time.monotonic()
         self.served += 1
         with contextlib.suppress(OSError):
-            _write_state(self.state, self.started, self.idle, self.served)
+            _write_state(self.state, self.started, self.idle, self.served, self.learned)
         try:
             conn.sendall(EVENT.pack(b"P", pid))
         except OSError:
