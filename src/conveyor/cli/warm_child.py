@@ -115,8 +115,8 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
 
 def _report_imported() -> None:
     """Tell the runner which of :data:`LEARNABLE` this run imported (one line, written whole: under
-    PIPE_BUF), for it to import them before the next run; never waits (a full pipe drops it). The
-    last exit handler to run (the first registered)."""
+    PIPE_BUF), for it to import them before the next run; never waits (a full pipe drops it). An
+    exit handler: every way a command ends runs those (a kill does not: nothing is learned then)."""
     names = [name for name in LEARNABLE if name in sys.modules]
     if names and REPORT:
         with contextlib.suppress(OSError):
@@ -174,6 +174,8 @@ def _libraries_here() -> None:
         sys.modules["conveyor.cli.common"].consoles_here()
     if "dask.config" in sys.modules:  # imported in the runner (LEARNABLE): Dask's YAML files and DASK_* as now
         sys.modules["dask.config"].refresh()
+    if "numpy.random" in sys.modules:  # its global RandomState, seeded at import: from fresh entropy again, or
+        sys.modules["numpy.random"].seed()  # every run would draw the runner's numbers (`random` reseeds itself)
     from conveyor.prefect.server import bounded_environ
 
     # what every run sets first (the runner had them set as it imported Prefect): in place before
