@@ -241,24 +241,31 @@ def test_the_runner_ends_after_its_idle_time(make_project: Callable[[], Project]
 
 
 # A task that says which data libraries its process had imported before it imported them, then
-# uses what a fork could break in them: OpenBLAS's threads, pyarrow's allocator, dask's threads.
+# uses what a fork could break in them: OpenBLAS's threads, pyarrow's allocator, dask's threads,
+# GNU OpenMP's pool (XGBoost's and scikit-learn's, on two threads each).
 LEARNING_TASK = """
 import sys
 
-BEFORE = [name for name in ("numpy", "pandas", "pyarrow", "dask.dataframe") if name in sys.modules]
+BEFORE = [n for n in ("numpy", "pandas", "pyarrow", "dask.dataframe", "sklearn", "xgboost") if n in sys.modules]
 
 import json
 
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import xgboost
+from sklearn.ensemble import HistGradientBoostingRegressor
 
 
 def use(ctx):
     a = np.random.default_rng(0).standard_normal((300, 300))
     pd.DataFrame({"x": np.arange(1000), "y": np.arange(1000) / 2}).to_parquet(ctx.root / "frame.parquet")
     frame = dd.read_parquet(ctx.root / "frame.parquet").map_partitions(lambda p: p.assign(z=p.x + p.y))
+    x, y = a[:, :10], a[:, 10]
+    boosted = xgboost.train({"nthread": 2, "seed": 0}, xgboost.DMatrix(x, label=y), num_boost_round=5)
+    hist = HistGradientBoostingRegressor(max_iter=5, random_state=0).fit(x, y)
     done = {"before": BEFORE, "blas": float((a @ a.T).trace()), "z": float(frame.z.sum().compute(scheduler="threads")),
+            "models": [float(boosted.predict(xgboost.DMatrix(x)).sum()), float(hist.predict(x).sum())],
             "unseeded": float(np.random.rand())}
     ctx.out().write_text(json.dumps(done))
 """
@@ -282,12 +289,15 @@ def test_a_runner_imports_the_data_libraries_its_runs_imported_before_it_forks_t
     assert served(home) == 3  # all forked by the runner the first started
     first, second, third = runs
     assert first["before"] == []  # the first run imported them itself
-    assert second["before"] == third["before"] == ["numpy", "pandas", "pyarrow", "dask.dataframe"]  # the runner had
-    assert (second["blas"], second["z"]) == (third["blas"], third["z"]) == (first["blas"], first["z"])
+    # the runner had imported them, once
+    assert second["before"] == third["before"] == ["numpy", "pandas", "pyarrow", "dask.dataframe", "sklearn", "xgboost"]
+    assert [(r["blas"], r["z"]) for r in (second, third)] == [(first["blas"], first["z"])] * 2
+    assert second["models"] == third["models"] == pytest.approx(first["models"])
     assert second["unseeded"] != third["unseeded"]  # NumPy's global generator is seeded anew in each, as at import
     status = project.conveyor("server", "status")
-    assert "imported for their runs: numpy, pandas, pyarrow, pyarrow.parquet, dask, dask.dataframe" in status.stdout, \
-        status.stdout
+    assert "imported for their runs: " in status.stdout, status.stdout
+    learned = status.stdout.split("imported for their runs: ")[1].split(";")[0].split(", ")
+    assert {"numpy", "pandas", "pyarrow", "dask.dataframe", "scipy", "sklearn", "xgboost"} <= set(learned), learned
 
 
 def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Path) -> None:

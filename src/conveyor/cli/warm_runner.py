@@ -12,11 +12,12 @@ now) and runs the command; the runner sends the child's pid and then its wait st
 
 It forks only from a single thread (checked after the imports): nothing is locked in a child.
 It also learns the data libraries its runs load (:data:`LEARNABLE`: NumPy, pandas, pyarrow,
-Dask's dataframe, distributed; 0.1 to 1 CPU-s a run): each child says, as it exits, which of them
-it had imported, and the runner imports those before it forks the next run, so that each is
-imported once, by a run that would have imported it anyway. Of these only native threads start
-(OpenBLAS's pool, jemalloc's purger in pyarrow), which their libraries stop or forget across a
-fork; no user code is ever imported here.
+Dask's dataframe, distributed, SciPy, scikit-learn, XGBoost; 0.1 to 1.3 CPU-s each): each child
+says, as it exits, which of them it had imported, and the runner imports those before it forks the
+next run, so that each is imported once, by a run that would have imported it anyway. Of these only
+native threads start (OpenBLAS's pool, jemalloc's purger in pyarrow), which their libraries stop or
+forget across a fork, and no OpenMP pool (the runner runs no parallel region); no user code is ever
+imported here.
 A child dies with the runner (``PR_SET_PDEATHSIG``) and is killed when its client goes (kill
 -9 of ``conveyor``): the runner sees the connection close. The runner ends when no child has
 run for its idle time (``CONVEYOR_WARM_IDLE``, else ``CONVEYOR_SERVER_IDLE``), on SIGTERM once
