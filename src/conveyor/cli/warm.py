@@ -201,7 +201,9 @@ def handed_over(runner_key: str, args: list[str]) -> None:
 
     The runner accepts a connection only when it can fork at once (one that has just started imports
     first: the command waits in its queue), and says so (:data:`READY`) before the command sends its
-    descriptors: a command abandoned while it waits (Ctrl-C) has given away none of them."""
+    descriptors: a command abandoned while it waits (Ctrl-C) has given away none of them. (A runner
+    that learned libraries from its runs imports them once it has a ``run``'s request: a command
+    abandoned then ends as well, and the runner closes what it was sent and forks nothing.)"""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     forward = _Forwarder()
     try:

@@ -14,10 +14,11 @@ It forks only from a single thread (checked after the imports): nothing is locke
 It also learns the data libraries its runs load (:data:`LEARNABLE`: NumPy, pandas, pyarrow,
 Dask's dataframe, distributed, SciPy, scikit-learn, XGBoost; 0.1 to 1.3 CPU-s each): each child
 says, as it exits, which of them it had imported, and the runner imports those before it forks the
-next run, so that each is imported once, by a run that would have imported it anyway. Of these only
-native threads start (OpenBLAS's pool, jemalloc's purger in pyarrow), which their libraries stop or
-forget across a fork, and no OpenMP pool (the runner runs no parallel region); no user code is ever
-imported here.
+next ``run`` or ``exec`` (not a ``status``), so that each is imported once, by a run that would
+have imported it anyway (it waits for them, and may go meanwhile, as while a runner starts). Of
+these only native threads start (OpenBLAS's pool, jemalloc's purger in pyarrow), which their
+libraries stop or forget across a fork, and no OpenMP pool (the runner runs no parallel region);
+no user code is ever imported here.
 A child dies with the runner (``PR_SET_PDEATHSIG``) and is killed when its client goes (kill
 -9 of ``conveyor``): the runner sees the connection close. The runner ends when no child has
 run for its idle time (``CONVEYOR_WARM_IDLE``, else ``CONVEYOR_SERVER_IDLE``), on SIGTERM once
@@ -47,7 +48,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from conveyor.cli.warm import EVENT, HEADER, READY, address, idle_s
+from conveyor.cli.warm import COMMANDS, EVENT, HEADER, READY, address, idle_s
 from conveyor.cli.warm_child import LEARNABLE, REPORT, SETTINGS_READ, child, record_imported, settings_sources
 from conveyor.prefect.kept import prefect_home
 
@@ -316,8 +317,6 @@ class _Loop:
             peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if peer[1] != os.getuid():
                 raise OSError("another user")
-            if not self._learn():  # before READY: the command waits (and may go) as while a runner starts
-                raise OSError("no longer forking")
             conn.sendall(READY)
             data, ancillary, _, _ = conn.recvmsg(HEADER.size, socket.CMSG_SPACE(3 * 4))
             for level, kind, payload in ancillary:
@@ -327,6 +326,9 @@ class _Loop:
             request = json.loads(_recv_exactly(conn, HEADER.unpack(data)[0]))
             if len(fds) != 3:
                 raise OSError("the three standard descriptors were not passed")
+            argv = request.get("argv") or []
+            if len(argv) > 1 and argv[1] in COMMANDS and not self._learn():  # not for `status` and the like
+                raise OSError("no longer forking")
             if _gone(conn):  # it stopped waiting while this runner imported (Ctrl-C): nothing to run
                 raise OSError("the client has gone")
         except (OSError, ValueError, struct.error):
