@@ -310,6 +310,26 @@ def test_a_runner_imports_the_data_libraries_its_runs_imported_before_it_forks_t
     assert {"numpy", "pandas", "pyarrow", "dask.dataframe", "scipy", "sklearn", "xgboost"} <= set(named), named
 
 
+def test_a_module_of_the_project_named_like_a_learned_library_is_not_replaced_by_the_library(
+        make_project: Callable[[], Project], home: Path) -> None:
+    """The project's own ``xgboost.py`` (its root is first on a run's sys.path): each run imports it, and
+    the runner, whose import of that name would find the library, does not learn it."""
+    project = make_project()
+    project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE="120")
+    for name in ("CONVEYOR_WARM", "CONVEYOR_WARM_IDLE"):
+        project.env.pop(name, None)
+    project.write("configs/pipeline.yaml",
+                  "pipeline: shadow\nstages:\n  use: {task: tasks.use:use, outs: [used.txt]}\n")
+    project.write("xgboost.py", "MINE = True\n")
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/use.py", "import xgboost\n\n\ndef use(ctx):\n    ctx.out().write_text(xgboost.__file__)\n")
+    for _ in range(2):
+        done = project.conveyor("run", "-f")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (project.root / "used.txt").read_text() == str(project.root / "xgboost.py")
+    assert served(home) == 2 and "xgboost" not in learned(home)
+
+
 def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Path) -> None:
     project = warm_project(make_project, home)
     for env in ({"CONVEYOR_WARM": "0"}, {"CONVEYOR_SERVER_IDLE": "0"}, {"CONVEYOR_WARM_IDLE": "0"}):

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
+import json
 import logging
 import os
 import signal
@@ -116,14 +118,21 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
         os._exit(code)
 
 
+def origin(name: str) -> str | None:
+    """The file ``import name`` would load in this process (not loaded; a submodule's package is imported)."""
+    spec = importlib.util.find_spec(name)
+    return os.path.realpath(spec.origin) if spec is not None and spec.origin else None
+
+
 def _report_imported() -> None:
-    """Tell the runner which of :data:`LEARNABLE` this run imported (one line, written whole: under
-    PIPE_BUF), for it to import them before the next run; never waits (a full pipe drops it). An
-    exit handler: every way a command ends runs those (a kill does not: nothing is learned then)."""
-    names = [name for name in LEARNABLE if name in sys.modules]
-    if names and REPORT:
+    """Tell the runner which of :data:`LEARNABLE` this run imported, and from which file (one line of
+    JSON, written whole: under PIPE_BUF), for it to import the same before the next run; never waits
+    (a full pipe drops it). An exit handler: every way a command ends runs those (a kill does not:
+    nothing is learned then)."""
+    found = {name: path for name in LEARNABLE if (path := getattr(sys.modules.get(name), "__file__", None))}
+    if found and REPORT:
         with contextlib.suppress(OSError):
-            os.write(REPORT[0], (" ".join(names) + "\n").encode())
+            os.write(REPORT[0], (json.dumps(found) + "\n").encode())
 
 
 def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: list[Any]) -> None:

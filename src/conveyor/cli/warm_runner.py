@@ -49,7 +49,7 @@ from types import FrameType
 from typing import Any
 
 from conveyor.cli.warm import COMMANDS, EVENT, HEADER, READY, address, idle_s
-from conveyor.cli.warm_child import LEARNABLE, REPORT, SETTINGS_READ, child, record_imported, settings_sources
+from conveyor.cli.warm_child import LEARNABLE, REPORT, SETTINGS_READ, child, origin, record_imported, settings_sources
 from conveyor.prefect.kept import prefect_home
 
 MAX_RUNNERS = 4
@@ -224,7 +224,7 @@ class _Loop:
         os.set_blocking(self.report_r, False)
         os.set_blocking(report_w, False)  # a child never waits on it: a report that does not fit is dropped
         REPORT[:] = [report_w]
-        self.to_learn: list[str] = []
+        self.to_learn: dict[str, str] = {}  # module -> the file the run imported it from
         self.learned: list[str] = []  # imported here (in the state file)
         self.failed: list[str] = []  # whose import failed here: not tried again
         signal.set_wakeup_fd(wake_w)
@@ -275,14 +275,19 @@ class _Loop:
                 conn.close()
 
     def _read_reports(self) -> None:
-        """The children's lines: the :data:`LEARNABLE` names each had imported."""
+        """The children's lines: the :data:`LEARNABLE` modules each had imported, and their files."""
         data = b""
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(self.report_r, 65536):
                 data += chunk
-        for name in data.decode(errors="replace").split():
-            if name in LEARNABLE and name not in self.learned + self.failed + self.to_learn:
-                self.to_learn.append(name)
+        for line in data.decode(errors="replace").splitlines():
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            for name, path in found.items() if isinstance(found, dict) else ():
+                if name in LEARNABLE and isinstance(path, str) and name not in self.learned + self.failed:
+                    self.to_learn.setdefault(name, path)
 
     def _learn(self) -> bool:
         """Import what the runs have been importing (:meth:`_read_reports`), before the next is forked:
@@ -292,7 +297,15 @@ class _Loop:
         if not self.to_learn:
             return True
         for name in sorted(self.to_learn, key=LEARNABLE.index):
+            if any(name.startswith(f"{failed}.") for failed in self.failed):
+                self.failed.append(name)  # its package was not learned: nor is it (finding it would import that)
+                continue
             try:
+                if origin(name) != os.path.realpath(self.to_learn[name]):
+                    # not the module the run imported (one of the project's own by that name, put first on
+                    # sys.path by the run): importing it here would give the next runs this one instead
+                    self.failed.append(name)
+                    continue
                 importlib.import_module(name)
                 self.learned.append(name)
             except Exception:  # noqa: BLE001  # broken: each child imports (and fails on) it itself, as now
