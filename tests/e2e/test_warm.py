@@ -33,12 +33,26 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         proc.kill()
 
 
-def warm_project(make_project: Callable[[], Project], home: Path, idle: str = "120") -> Project:
-    """A project whose runs use warm runners kept under ``home`` (the session's Prefect server)."""
-    project = make_project()
+def kept_under(project: Project, home: Path, idle: str = "120") -> Project:
+    """``project``, its runs using warm runners kept under ``home`` (not the suite's own settings)."""
     project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE=idle)
     for name in ("CONVEYOR_WARM", "CONVEYOR_WARM_IDLE"):  # the suite's own settings (tests/conftest.py)
         project.env.pop(name, None)
+    return project
+
+
+def task_project(make_project: Callable[[], Project], home: Path, task: str, out: str) -> Project:
+    """A project of one task stage, ``use`` (``tasks/use.py``: ``task``) writing ``out``, kept under ``home``."""
+    project = kept_under(make_project(), home)
+    project.write("configs/pipeline.yaml", f"pipeline: one\nstages:\n  use: {{task: tasks.use:use, outs: [{out}]}}\n")
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/use.py", task)
+    return project
+
+
+def warm_project(make_project: Callable[[], Project], home: Path, idle: str = "120") -> Project:
+    """A project whose runs use warm runners kept under ``home`` (the session's Prefect server)."""
+    project = kept_under(make_project(), home, idle)
     project.init_dvc()
     project.write("ancestry.py", ANCESTRY)
     project.write("dvc.yaml", """
@@ -279,14 +293,7 @@ def use(ctx):
 
 def test_a_runner_imports_the_data_libraries_its_runs_imported_before_it_forks_the_next(
         make_project: Callable[[], Project], home: Path) -> None:
-    project = make_project()
-    project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE="120")
-    for name in ("CONVEYOR_WARM", "CONVEYOR_WARM_IDLE"):
-        project.env.pop(name, None)
-    project.write("configs/pipeline.yaml",
-                  "pipeline: learning\nstages:\n  use: {task: tasks.use:use, outs: [used.json]}\n")
-    project.write("tasks/__init__.py", "")
-    project.write("tasks/use.py", LEARNING_TASK)
+    project = task_project(make_project, home, LEARNING_TASK, "used.json")
     runs = []
     for index in range(3):
         done = project.conveyor("run", "-f")
@@ -314,15 +321,9 @@ def test_a_module_of_the_project_named_like_a_learned_library_is_not_replaced_by
         make_project: Callable[[], Project], home: Path) -> None:
     """The project's own ``xgboost.py`` (its root is first on a run's sys.path): each run imports it, and
     the runner, whose import of that name would find the library, does not learn it."""
-    project = make_project()
-    project.env.update(PREFECT_HOME=str(home), CONVEYOR_SERVER_IDLE="120")
-    for name in ("CONVEYOR_WARM", "CONVEYOR_WARM_IDLE"):
-        project.env.pop(name, None)
-    project.write("configs/pipeline.yaml",
-                  "pipeline: shadow\nstages:\n  use: {task: tasks.use:use, outs: [used.txt]}\n")
+    shadowed = "import xgboost\n\n\ndef use(ctx):\n    ctx.out().write_text(xgboost.__file__)\n"
+    project = task_project(make_project, home, shadowed, "used.txt")
     project.write("xgboost.py", "MINE = True\n")
-    project.write("tasks/__init__.py", "")
-    project.write("tasks/use.py", "import xgboost\n\n\ndef use(ctx):\n    ctx.out().write_text(xgboost.__file__)\n")
     for _ in range(2):
         done = project.conveyor("run", "-f")
         assert done.returncode == 0, done.stdout + done.stderr
