@@ -184,11 +184,10 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001  # a library missing or broken: the child imports (and fails on) it itself
             traceback.print_exc()
-    try:  # the TLS context every run's Prefect clients use, made once here (conveyor.prefect.tls)
-        from conveyor.prefect import tls
+    try:  # the TLS context and the models every run's Prefect clients use, made once here
+        from conveyor.prefect.forks import prepare
 
-        tls.share()
-        tls.made_now()
+        prepare()
     except Exception:  # noqa: BLE001  # as an import above: each run makes its own
         traceback.print_exc()
     SETTINGS_READ[:] = [settings_sources(Path.cwd())]
