@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 from kernels import KERNEL_PATHS
 from repos import dvc
+from test_docs import commands
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,10 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
         tmp_path: Path, prefect_server: dict[str, str]) -> None:
     assert not tmp_path.is_relative_to(REPO)
     env = {**os.environ, **prefect_server}
+    # the commands of docs/getting-started/own-project.md, which its doc test leaves to this test
+    page = (REPO / "docs/getting-started/own-project.md").read_text()
+    assert [c.text.split("#")[0].strip() for c in commands(page)] == [
+        "conveyor init myproj", "cd myproj", "conveyor run", "python -m pytest"], "run the page's new commands here"
 
     made = run(["conveyor", "init", "myproj"], tmp_path, env)
     assert made.returncode == 0, made.stderr
