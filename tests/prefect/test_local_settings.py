@@ -41,4 +41,3 @@ def test_the_copy_is_what_prefects_update_gives(monkeypatch: pytest.MonkeyPatch,
     assert copied.to_environment_variables(exclude_unset=True) == updated.to_environment_variables(exclude_unset=True)
     assert (settings.api.url, settings.ui_url) != (url, "")  # the settings copied from are left as they were
     assert settings.client.server_version_check_enabled
-
