@@ -92,8 +92,7 @@ def test_a_new_project_runs_skips_agrees_with_dvc_and_passes_its_own_tests(
 
     tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
-    types = run([sys.executable, "-m", "mypy", "tasks", "flows", "scripts", "tests"], root, env)
-    assert types.returncode == 0, types.stdout
+    # its types are checked with the other static checks, in .ci/run (a cold mypy: 16 CPU-s)
 
 
 @pytest.mark.slow
