@@ -4,25 +4,88 @@ workers (killed once as each starts), the stacked model, the evaluation. After e
 process of the run is left, every out is whole (the previous version or the new one), the
 next command records the run as interrupted, and the next run does not redo what succeeded.
 Each run goes one stage further than the last, so the whole series costs about one pipeline
-run plus start-ups.
+run plus start-ups. The ingest reads its file from a local HTTP server that holds the first run's
+transfers until that run is killed: a kill in the thread pool, whatever the machine's load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
+import threading
 import time
 import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import sklearn
 from projects import Project
 
 pytestmark = pytest.mark.slow
 
 KILL_IN = ["ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate"]
+SOURCE = "file://{package:sklearn}/datasets/data/breast_cancer.csv"
+
+
+class HeldSource(ThreadingHTTPServer):
+    """The reference's CSV over HTTP (HEAD, ranged GETs), each GET held until :attr:`released`:
+    once :attr:`asked` is set, an ingest is surely mid-transfer."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Held)
+        self.daemon_threads = True
+        self.data = (Path(sklearn.__file__).parent / "datasets/data/breast_cancer.csv").read_bytes()
+        self.asked, self.released = threading.Event(), threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/breast_cancer.csv"
+
+
+class _Held(BaseHTTPRequestHandler):
+    server: HeldSource
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send(0, len(self.server.data), body=False)
+
+    def do_GET(self) -> None:
+        self.server.asked.set()
+        self.server.released.wait(300)
+        ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        size = len(self.server.data)
+        start, end = (int(ranged[1]), min(size, int(ranged[2] or size - 1) + 1)) if ranged else (0, size)
+        self.send(start, end, body=True, ranged=ranged is not None)
+
+    def send(self, start: int, end: int, *, body: bool, ranged: bool = False) -> None:
+        self.send_response(206 if ranged else 200)
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(self.server.data)}")
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        if body:
+            with contextlib.suppress(OSError):  # a killed run's transfer: nobody reads it
+                self.wfile.write(self.server.data[start:end])
+
+
+@pytest.fixture
+def held_source() -> Iterator[HeldSource]:
+    server = HeldSource()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.released.set()
+        server.shutdown()
+        server.server_close()
 
 
 def wait_until_running(project: Project, stage: str, proc: subprocess.Popen[str], timeout_s: float = 300) -> str:
@@ -55,8 +118,12 @@ def assert_outs_whole(root: Path) -> None:
         assert leftovers == [], leftovers
 
 
-def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(reference_project: Project) -> None:
+def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(
+        reference_project: Project, held_source: HeldSource) -> None:
     project = reference_project
+    params = project.root / "params.yaml"
+    assert SOURCE in params.read_text()
+    params.write_text(params.read_text().replace(SOURCE, held_source.url))  # the same bytes, held at first
     spec = project.root / "configs/pipeline.yaml"
     on_workers = spec.read_text().replace(" in_process_below: 64MiB,", "")
     assert "in_process_below" not in on_workers  # the 569 rows would run in process: the kills must land in Dask
@@ -76,9 +143,13 @@ def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(ref
         proc = project.popen("run")
         run_id = wait_until_running(project, stage, proc)
         killed_in.add(stage)
-        time.sleep(0.1)  # into its work (a quick stage may end first: then the kill lands between stages)
+        if stage == "ingest":  # its transfers are held: the kill surely lands in the thread pool
+            assert held_source.asked.wait(300), "the ingest asked for no block"
+        else:
+            time.sleep(0.1)  # into its work (a quick stage may end first: then the kill lands between stages)
         proc.kill()
         proc.communicate(timeout=30)
+        held_source.released.set()  # the runs after this one fetch at once
         assert not project.left_running(grace_s=5), f"a process outlived the run killed in {stage}"
 
         status = project.conveyor("status")
