@@ -46,6 +46,10 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="conveyor-tests-prefect-hom
 os.environ["CONVEYOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="conveyor-tests-cache-")
 # Both removed as this process ends (pytest_unconfigure), its runners gone by then (_warm_runners_end)
 _MADE_HERE = (os.environ["PREFECT_HOME"], os.environ["CONVEYOR_CACHE_DIR"])
+# No `dvc` the tests run sends DVC's usage report (a daemon that posts it to
+# analytics.dvc.org after the command; where the network is closed it left the report in /tmp):
+# all the suite's traffic stays on 127.0.0.1, whatever the projects' own DVC config says.
+os.environ["DVC_NO_ANALYTICS"] = "1"
 # The processes the tests start (conveyor, Dask workers, isolated tasks) write their bytecode as
 # a user's Python does: a machine with PYTHONDONTWRITEBYTECODE set (CI's) would otherwise have
 # every one of them compile conveyor's modules anew (0.1 s of each `conveyor status`).
