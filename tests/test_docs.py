@@ -16,25 +16,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
-import shlex
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from docpages import commands, script
 from projects import REPO, FirstRun
 
 GET_STARTED = REPO / "docs" / "getting-started"
 # own-project.md's commands (`conveyor init myproj`, its first run, its own tests) are run by
 # tests/cli/test_init.py, with more checks between them; it fails where the page's commands change
 PAGES = ["first-run.md", "existing-dvc-yaml.md"]
-SKIP_BLOCK = "<!-- not run by the doc test:"
 IN_CLONE = "<!-- doc test: in a fresh clone of this repository, after its first conveyor run -->"
-FENCE = re.compile(r"^```bash\s*$")
-HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
-EXPECT = re.compile(r"\(doc test: exit (\d+)\)")
 
 
 def _docs_module(name: str) -> ModuleType:
@@ -69,57 +63,6 @@ def test_the_cli_reference_has_every_command_help() -> None:
     text = _docs_module("gen_cli").cli_markdown()
     for command in ("conveyor", "conveyor run", "conveyor server stop", "conveyor serve-model"):
         assert f"$ {command} --help\nUsage: {command} " in text
-
-
-@dataclass(frozen=True)
-class Command:
-    """One command of a page, with the exit code the page promises for it."""
-
-    text: str
-    exit_code: int
-
-
-def commands(page: str) -> list[Command]:
-    """The commands of a page's ```bash blocks that the doc test runs, in order."""
-    lines = page.splitlines()
-    found: list[Command] = []
-    i = 0
-    while i < len(lines):
-        if FENCE.match(lines[i]):
-            skip = i > 0 and lines[i - 1].startswith(SKIP_BLOCK)
-            i += 1
-            while not lines[i].startswith("```"):
-                i, command = _command(lines, i)
-                if command is not None and not skip:
-                    found.append(command)
-        i += 1
-    return found
-
-
-def _command(lines: list[str], i: int) -> tuple[int, Command | None]:
-    """The command starting at line ``i`` (with its heredoc, if any) and the line after it."""
-    text = lines[i]
-    stripped = text.strip()
-    if not stripped or stripped.startswith("#"):
-        return i + 1, None
-    heredoc = HEREDOC.search(text)
-    if heredoc:  # the body, up to its terminator, belongs to this command
-        end = lines.index(heredoc.group(1), i + 1)
-        text, i = "\n".join(lines[i:end + 1]), end
-    if stripped.startswith("pip install") or "(not run by the doc test" in stripped:
-        return i + 1, None
-    expect = EXPECT.search(stripped)
-    return i + 1, Command(text, int(expect.group(1)) if expect else 0)
-
-
-def script(steps: list[Command]) -> str:
-    """One bash script: each command, then a check of its exit code that stops at the first miss."""
-    parts = ["set -u"]
-    for step in steps:
-        first = step.text.splitlines()[0]
-        parts += [step.text, f'rc=$?; if [ $rc -ne {step.exit_code} ]; then echo "doc command exited $rc, '
-                             f'not {step.exit_code}:" {shlex.quote(first)} >&2; exit 97; fi']
-    return "\n".join(parts) + "\n"
 
 
 def test_commands_are_found_and_installs_are_left_to_ci() -> None:

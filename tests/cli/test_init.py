@@ -14,9 +14,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from docpages import commands
 from kernels import KERNEL_PATHS
 from repos import dvc
-from test_docs import commands
 
 REPO = Path(__file__).resolve().parents[2]
 
