@@ -10,7 +10,6 @@ transfers until that run is killed: a kill in the thread pool, whatever the mach
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
@@ -18,12 +17,12 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import sklearn
+from httpfiles import FlakyServer
 from projects import Project
 
 pytestmark = pytest.mark.slow
@@ -32,58 +31,17 @@ KILL_IN = ["ingest", "preprocess", "train_xgb", "train_mlp", "stack", "evaluate"
 SOURCE = "file://{package:sklearn}/datasets/data/breast_cancer.csv"
 
 
-class HeldSource(ThreadingHTTPServer):
-    """The reference's CSV over HTTP (HEAD, ranged GETs), each GET held until :attr:`released`:
-    once :attr:`asked` is set, an ingest is surely mid-transfer."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Held)
-        self.daemon_threads = True
-        self.data = (Path(sklearn.__file__).parent / "datasets/data/breast_cancer.csv").read_bytes()
-        self.asked, self.released = threading.Event(), threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/breast_cancer.csv"
-
-
-class _Held(BaseHTTPRequestHandler):
-    server: HeldSource
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self.send(0, len(self.server.data), body=False)
-
-    def do_GET(self) -> None:
-        self.server.asked.set()
-        self.server.released.wait(300)
-        ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-        size = len(self.server.data)
-        start, end = (int(ranged[1]), min(size, int(ranged[2] or size - 1) + 1)) if ranged else (0, size)
-        self.send(start, end, body=True, ranged=ranged is not None)
-
-    def send(self, start: int, end: int, *, body: bool, ranged: bool = False) -> None:
-        self.send_response(206 if ranged else 200)
-        if ranged:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(self.server.data)}")
-        self.send_header("Content-Length", str(end - start))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        if body:
-            with contextlib.suppress(OSError):  # a killed run's transfer: nobody reads it
-                self.wfile.write(self.server.data[start:end])
-
-
 @pytest.fixture
-def held_source() -> Iterator[HeldSource]:
-    server = HeldSource()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+def held_source() -> Iterator[FlakyServer]:
+    """The reference's CSV over HTTP, each GET held until ``held`` is set."""
+    csv = (Path(sklearn.__file__).parent / "datasets/data/breast_cancer.csv").read_bytes()
+    held = threading.Event()
+    source = FlakyServer({"breast_cancer.csv": csv}, held=held)
+    server = source.start()
     try:
-        yield server
+        yield source
     finally:
-        server.released.set()
+        held.set()
         server.shutdown()
         server.server_close()
 
@@ -119,11 +77,14 @@ def assert_outs_whole(root: Path) -> None:
 
 
 def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(
-        reference_project: Project, held_source: HeldSource) -> None:
+        reference_project: Project, held_source: FlakyServer) -> None:
     project = reference_project
     params = project.root / "params.yaml"
     assert SOURCE in params.read_text()
-    params.write_text(params.read_text().replace(SOURCE, held_source.url))  # the same bytes, held at first
+    # the same bytes, over HTTP, held until the first run is killed
+    params.write_text(params.read_text().replace(SOURCE, held_source.url("breast_cancer.csv")))
+    held = held_source.held
+    assert held is not None
     spec = project.root / "configs/pipeline.yaml"
     on_workers = spec.read_text().replace(" in_process_below: 64MiB,", "")
     assert "in_process_below" not in on_workers  # the 569 rows would run in process: the kills must land in Dask
@@ -149,7 +110,7 @@ def test_kill_9_in_each_kind_of_stage_loses_nothing_and_the_next_run_resumes(
             time.sleep(0.1)  # into its work (a quick stage may end first: then the kill lands between stages)
         proc.kill()
         proc.communicate(timeout=30)
-        held_source.released.set()  # the runs after this one fetch at once
+        held.set()  # the runs after this one fetch at once
         assert not project.left_running(grace_s=5), f"a process outlived the run killed in {stage}"
 
         status = project.conveyor("status")
