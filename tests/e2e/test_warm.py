@@ -320,15 +320,29 @@ def test_a_runner_imports_the_data_libraries_its_runs_imported_before_it_forks_t
 def test_a_module_of_the_project_named_like_a_learned_library_is_not_replaced_by_the_library(
         make_project: Callable[[], Project], home: Path) -> None:
     """The project's own ``xgboost.py`` (its root is first on a run's sys.path): each run imports it, and
-    the runner, whose import of that name would find the library, does not learn it."""
-    shadowed = "import xgboost\n\n\ndef use(ctx):\n    ctx.out().write_text(xgboost.__file__)\n"
-    project = task_project(make_project, home, shadowed, "used.txt")
+    the runner, whose import of that name would find the library, does not learn it; once the runner
+    has learned the library from another project's runs, this project's runs still import their own
+    (each a fresh process in place of the forked one), from its root, a folder below or with ``-c``."""
+    uses = "import xgboost\n\n\ndef use(ctx):\n    ctx.out().write_text(xgboost.__file__)\n"
+    project = task_project(make_project, home, uses, "used.txt")
     project.write("xgboost.py", "MINE = True\n")
     for _ in range(2):
         done = project.conveyor("run", "-f")
         assert done.returncode == 0, done.stdout + done.stderr
         assert (project.root / "used.txt").read_text() == str(project.root / "xgboost.py")
     assert served(home) == 2 and "xgboost" not in learned(home)
+    other = task_project(make_project, home, uses, "used.txt")
+    for _ in range(2):
+        assert other.conveyor("run", "-f").returncode == 0
+    assert "xgboost" in learned(home) and "site-packages" in (other.root / "used.txt").read_text()
+    spec = str(project.root / "configs/pipeline.yaml")
+    for where, args in ((project.root, ()), (project.root / "tasks", ()), (other.root, ("-c", spec))):
+        (project.root / "used.txt").unlink()
+        done = subprocess.run(["conveyor", "run", "-f", *args], cwd=where, env=project.env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (project.root / "used.txt").read_text() == str(project.root / "xgboost.py"), where
+    assert served(home) == 7
 
 
 def test_no_runner_when_turned_off(make_project: Callable[[], Project], home: Path) -> None:

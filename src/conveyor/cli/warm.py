@@ -50,7 +50,7 @@ import struct
 import sys
 from types import FrameType
 
-PROTOCOL = 2  # of the hand-over, part of the key: a runner of another conveyor is not asked (2: READY)
+PROTOCOL = 3  # of the hand-over, part of the key: a runner of another conveyor is not asked (2: READY; 3: orig_argv)
 COMMANDS = frozenset({"run", "exec"})  # the commands that import Prefect: they start a runner
 # Short commands that only read the project (or write dvc.yaml): a runner that is up serves them
 # too (``conveyor status``: 0.1 CPU-s instead of 0.45, 0.15 s instead of 0.3), none starts one.
@@ -70,6 +70,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
              signal.SIGWINCH, signal.SIGCONT)
 # What ends a process by default: received before the runner has forked the run, it ends this one
 ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2})
+# Set by a runner's child for the fresh ``conveyor`` it execs itself into (conveyor.cli.warm_child), which
+# then runs the command itself, and unset there: the command's environment is the client's
+ANEW = "CONVEYOR_WARM_ANEW"
 READY = b"R"  # a runner's first byte on a connection: it takes the command now
 HEADER = struct.Struct("!I")
 EVENT = struct.Struct("!cq")  # b"P" + the child's pid, then b"X" + its wait status
@@ -80,7 +83,8 @@ _LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZ
 def main() -> None:
     """``conveyor``: hand a command of :data:`SERVED` to a warm runner when one serves this environment
     (for ``run`` and ``exec``, to one started for it where none does); otherwise run it in this process."""
-    key = eligible(sys.argv[1:]) if _standard_fds_open() else None  # closed: nothing to hand over
+    anew = os.environ.pop(ANEW, None) is not None  # a runner's child that could not be the command: it is, fresh
+    key = eligible(sys.argv[1:]) if _standard_fds_open() and not anew else None  # closed: nothing to hand over
     if key is not None:
         handed_over(key, sys.argv[1:])  # returns only when no runner took the command
         if sys.argv[1] in COMMANDS and spawn(key):
@@ -221,7 +225,7 @@ def handed_over(runner_key: str, args: list[str]) -> None:
         umask = os.umask(0o022)
         os.umask(umask)
         request = json.dumps({"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
-                              "umask": umask, "path": sys.path}).encode()
+                              "umask": umask, "path": sys.path, "orig_argv": sys.orig_argv}).encode()
         conn.sendmsg([HEADER.pack(len(request))],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
         conn.sendall(request)

@@ -6,7 +6,9 @@ only while every file they were read from is as it was then (else it drops them 
 code is read from disk anew; an edit of an editable install counts), sets up again what the
 libraries and conveyor set up as they were imported in the runner (:func:`_libraries_here`),
 runs ``conveyor.cli.app.main`` and exits as the interpreter would (threads joined, exit handlers
-run). It dies with the runner.
+run). It dies with the runner. Where the project holds a module named like a library the runner
+has imported for its runs (learned from another project's), the child cannot be what a fresh
+process would be: it execs a fresh ``conveyor`` in its place (:func:`_anew_if_shadowed`).
 
 Kept, conveyor's modules are what a fresh process would have: the runner imports them and runs
 nothing, and the child differs from a fresh process only in what an import reads of the process
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.machinery
 import importlib.util
 import json
 import logging
@@ -31,6 +34,8 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Any
+
+from conveyor.cli.warm import ANEW
 
 # What Prefect's settings were read from when the runner imported it (in /): the profiles file's
 # stat, and whether a settings file was there. A child in a directory with no settings file of
@@ -94,6 +99,7 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
     code: int = 1
     try:
         _become(runner, fds, request, [conn, *shared])
+        _anew_if_shadowed(request)
         atexit.register(_report_imported)  # run by every way the command exits (conveyor.cli.exits too)
         from conveyor.workspace import stand_in
 
@@ -116,6 +122,33 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def _anew_if_shadowed(request: dict[str, Any]) -> None:
+    """Become a fresh ``conveyor`` (exec, in place: the same pid, descriptors and session) when a folder
+    that the command may put first on ``sys.path`` holds a module named like a library this process
+    has imported of :data:`LEARNABLE`: a fresh process would import the project's module, this one
+    has the library (the runner learned it from another project's runs). Those folders: the working
+    directory and those above it, and those above a path among the arguments (``-c FILE``); the
+    project root, which a run puts first, is one of them. One listing per folder (1 ms)."""
+    names = {name.partition(".")[0] for name in LEARNABLE if name in sys.modules}
+    if not names:
+        return
+    here = Path.cwd()
+    folders = dict.fromkeys([here, *here.parents])
+    for arg in request["argv"][1:]:
+        with contextlib.suppress(OSError, ValueError):
+            given = (here / arg).resolve()
+            if given.exists():
+                folders.update(dict.fromkeys([given, *given.parents]))
+    for folder in folders:
+        for name in names:
+            found = importlib.machinery.PathFinder.find_spec(name, [str(folder)])
+            loaded = getattr(sys.modules[name], "__file__", None)
+            if found is not None and found.origin and (
+                    loaded is None or os.path.realpath(found.origin) != os.path.realpath(loaded)):
+                command = [sys.executable, *request["orig_argv"][1:]]  # as the client was started
+                os.execve(sys.executable, command, {**os.environ, ANEW: "1"})  # noqa: S606
 
 
 def origin(name: str) -> str | None:

@@ -295,15 +295,18 @@ class _Loop:
         self._read_reports()
         if not self.to_learn:
             return True
+        others: list[str] = []  # not the modules the runs imported
         for name in sorted(self.to_learn, key=LEARNABLE.index):
             if any(name.startswith(f"{failed}.") for failed in self.failed):
                 self.failed.append(name)  # its package was not learned: nor is it (finding it would import that)
                 continue
+            if any(name.startswith(f"{other}.") for other in others):
+                continue  # finding it would import its package, the library the run did not import
             try:
                 if origin(name) != os.path.realpath(self.to_learn[name]):
-                    # not the module the run imported (one of the project's own by that name, put first on
-                    # sys.path by the run): importing it here would give the next runs this one instead
-                    self.failed.append(name)
+                    # the project's own, first on the run's sys.path: not the library now (another project's
+                    # runs may teach it; this one's then start anew, conveyor.cli.warm_child)
+                    others.append(name)
                     continue
                 importlib.import_module(name)
                 self.learned.append(name)
