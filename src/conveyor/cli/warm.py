@@ -70,8 +70,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
              signal.SIGWINCH, signal.SIGCONT)
 # What ends a process by default: received before the runner has forked the run, it ends this one
 ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2})
-# Set by a runner's child for the fresh ``conveyor`` it execs itself into (conveyor.cli.warm_child), which
-# then runs the command itself, and unset there: the command's environment is the client's
+# The client's pid, set by a runner's child for the fresh ``conveyor`` it execs itself into
+# (conveyor.cli.warm_child), which runs the command itself and unsets it: the environment is the client's
 ANEW = "CONVEYOR_WARM_ANEW"
 READY = b"R"  # a runner's first byte on a connection: it takes the command now
 HEADER = struct.Struct("!I")
@@ -83,12 +83,16 @@ _LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZ
 def main() -> None:
     """``conveyor``: hand a command of :data:`SERVED` to a warm runner when one serves this environment
     (for ``run`` and ``exec``, to one started for it where none does); otherwise run it in this process."""
-    anew = os.environ.pop(ANEW, None) is not None  # a runner's child that could not be the command: it is, fresh
+    anew = os.environ.pop(ANEW, "")  # a runner's child that could not be the command: it is, fresh
     key = eligible(sys.argv[1:]) if _standard_fds_open() and not anew else None  # closed: nothing to hand over
     if key is not None:
         handed_over(key, sys.argv[1:])  # returns only when no runner took the command
         if sys.argv[1] in COMMANDS and spawn(key):
             handed_over(key, sys.argv[1:])  # the new runner forks this run once its imports end
+    if anew.isdigit():
+        from conveyor.workspace import stand_in
+
+        stand_in(int(anew))  # as the child would have: the run lock names the command the user started
     from conveyor.cli.app import main as run_here
 
     run_here()

@@ -99,7 +99,7 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
     code: int = 1
     try:
         _become(runner, fds, request, [conn, *shared])
-        _anew_if_shadowed(request)
+        _anew_if_shadowed(request, client)
         atexit.register(_report_imported)  # run by every way the command exits (conveyor.cli.exits too)
         from conveyor.workspace import stand_in
 
@@ -124,7 +124,7 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
         os._exit(code)
 
 
-def _anew_if_shadowed(request: dict[str, Any]) -> None:
+def _anew_if_shadowed(request: dict[str, Any], client: int) -> None:
     """Become a fresh ``conveyor`` (exec, in place: the same pid, descriptors and session) when a folder
     that the command may put first on ``sys.path`` holds a module named like a library this process
     has imported of :data:`LEARNABLE`: a fresh process would import the project's module, this one
@@ -148,7 +148,7 @@ def _anew_if_shadowed(request: dict[str, Any]) -> None:
             if found is not None and found.origin and (
                     loaded is None or os.path.realpath(found.origin) != os.path.realpath(loaded)):
                 command = [sys.executable, *request["orig_argv"][1:]]  # as the client was started
-                os.execve(sys.executable, command, {**os.environ, ANEW: "1"})  # noqa: S606
+                os.execve(sys.executable, command, {**os.environ, ANEW: str(client)})  # noqa: S606
 
 
 def origin(name: str) -> str | None:
