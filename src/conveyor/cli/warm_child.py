@@ -45,14 +45,16 @@ SETTINGS_READ: list[tuple[object, bool]] = []
 IMPORTED: dict[str, tuple[int, int, int, int] | None] = {}
 # The data libraries a runner imports once its runs have (conveyor.cli.warm_runner): third-party,
 # slow to import (NumPy 0.1 CPU-s, pandas with pyarrow 0.4, dask.dataframe 0.5, distributed 0.5,
-# scikit-learn 1.1, XGBoost 1.3), read nothing of a run's directory as they load, and start no
-# Python thread; their native threads (OpenBLAS's pool, pyarrow's jemalloc purger) are stopped or
-# forgotten across a fork by their own atfork handlers. GNU OpenMP's pool (scikit-learn's, XGBoost's)
-# does not survive a fork, but it is made by the first parallel region, which an import does not
-# enter and the runner runs none of: it is made in the run. Not torch (400 MB held for runs that
-# mostly use it in a process of their own), nor a user's own packages. In the order they are imported.
+# scikit-learn 1.1, XGBoost 1.3, PyTorch 1.3 and 200 MB of the runner's memory: a stage that loads a
+# model in conveyor's process, the reference's evaluate), read nothing of a run's directory as they
+# load, and start no Python thread; their native threads (OpenBLAS's pool, pyarrow's jemalloc purger)
+# are stopped or forgotten across a fork by their own atfork handlers. GNU OpenMP's pool (scikit-learn's,
+# XGBoost's, torch's) does not survive a fork, but it is made by the first parallel region, which an
+# import does not enter and the runner runs none of: it is made in the run (and torch starts CUDA only
+# when a run asks for it). Not matplotlib (it reads a matplotlibrc in the working directory as it loads),
+# nor a user's own packages. In the order they are imported.
 LEARNABLE = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "dask", "dask.dataframe", "distributed", "scipy",
-             "sklearn", "xgboost")
+             "sklearn", "xgboost", "torch")
 # The runner's pipe for a child's report of what it imported of LEARNABLE (set in the runner)
 REPORT: list[int] = []
 

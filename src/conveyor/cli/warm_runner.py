@@ -11,8 +11,8 @@ had imported only if their files are unchanged (else it imports conveyor's code 
 now) and runs the command; the runner sends the child's pid and then its wait status back.
 
 It forks only from a single thread (checked after the imports): nothing is locked in a child.
-It also learns the data libraries its runs load (:data:`LEARNABLE`: NumPy, pandas, pyarrow,
-Dask's dataframe, distributed, SciPy, scikit-learn, XGBoost; 0.1 to 1.3 CPU-s each): each child
+It also learns the data libraries its runs load (:data:`LEARNABLE`: NumPy, pandas, pyarrow, Dask's
+dataframe, distributed, SciPy, scikit-learn, XGBoost, PyTorch; 0.1 to 1.3 CPU-s each): each child
 says, as it exits, which of them it had imported, and the runner imports those before it forks the
 next ``run`` or ``exec`` (not a ``status``), so that each is imported once, by a run that would
 have imported it anyway (it waits for them, and may go meanwhile, as while a runner starts). Of
