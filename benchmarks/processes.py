@@ -21,7 +21,7 @@ from types import TracebackType
 import psutil
 
 from benchmarks.harness import check
-from conveyor.cli.warm_runner import Runner, runners
+from conveyor.cli.warm_state import Runner, runners
 
 MIB = 2**20
 GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)

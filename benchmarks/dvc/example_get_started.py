@@ -15,7 +15,7 @@ from benchmarks.dvc import dvc_status
 from benchmarks.harness import Config, Metric, Result, check, met, scratch
 from benchmarks.processes import wait_warm
 from benchmarks.projects import check_no_leftovers, check_record, cli, commit, no_server_env, run_record
-from conveyor.cli.warm_runner import runners
+from conveyor.cli.warm_state import runners
 
 NAME = "example-get-started"
 DESCRIPTION = "iterative/example-get-started forced: conveyor run -f vs dvc repro -f (kept server, warm runner)"

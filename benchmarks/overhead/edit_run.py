@@ -13,7 +13,7 @@ from benchmarks.commands import alternating
 from benchmarks.harness import Config, Metric, Result, check, median, met, scratch
 from benchmarks.processes import wait_warm
 from benchmarks.projects import base_env, check_no_leftovers, cli, make_repo, no_server_env, run_record, timed_cli
-from conveyor.cli.warm_runner import runners
+from conveyor.cli.warm_state import runners
 
 NAME = "edit-run"
 DESCRIPTION = ("the edit-run loop with no PREFECT_API_URL: conveyor run -s -f STAGE vs dvc repro -s -f STAGE "

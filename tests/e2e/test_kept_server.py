@@ -81,7 +81,7 @@ def flow_runs(url: str) -> list[str]:
 @pytest.fixture
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A PREFECT_HOME of the test's own; whatever server and warm runners it kept are stopped at the end."""
-    from conveyor.cli.warm_runner import runners
+    from conveyor.cli.warm_state import runners
 
     home = new_home(tmp_path_factory.mktemp("kept-home"))
     yield home

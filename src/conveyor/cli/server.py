@@ -38,7 +38,7 @@ def status() -> None:
 
 
 def _warm_line() -> str:
-    from conveyor.cli.warm_runner import runners
+    from conveyor.cli.warm_state import runners
 
     found = runners()
     if not found:
@@ -82,7 +82,7 @@ def stop(
 ) -> None:
     """Stop the kept server now (refused while runs use it, unless --force), and the warm runners (each
     once the runs it started have ended); the next run starts others."""
-    from conveyor.cli.warm_runner import stop_all
+    from conveyor.cli.warm_state import stop_all
     from conveyor.prefect.kept import prefect_home
     from conveyor.prefect.kept import stop as stop_server
 

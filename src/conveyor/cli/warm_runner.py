@@ -43,14 +43,13 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from conveyor.cli.warm import COMMANDS, EVENT, HEADER, READY, address, idle_s
 from conveyor.cli.warm_child import LEARNABLE, REPORT, SETTINGS_READ, child, origin, record_imported, settings_sources
-from conveyor.prefect.kept import prefect_home
+from conveyor.cli.warm_state import directory, runners
 
 MAX_RUNNERS = 4
 STARTING = -1  # the runs served, in a state file, before the runner serves any
@@ -67,59 +66,6 @@ PRELOAD = ("conveyor.cli.app", "conveyor.cli.run", "conveyor.prefect.flow", "con
            "dvc_data.hashfile.db.local", "dvc_data.hashfile.status", "dvc_data.hashfile._progress",
            "dulwich.index", "dulwich.ignore", "dulwich.worktree", "configobj", "platformdirs", "networkx",
            "graphviz", "ruamel.yaml", "fsspec.implementations.memory", "rich._emoji_codes", "encodings.idna")
-
-
-def directory(home: Path | None = None) -> Path:
-    """Where the warm runners of ``home`` (this process's PREFECT_HOME by default) keep their files."""
-    return (home or prefect_home()) / "conveyor-server" / "warm"
-
-
-@dataclass(frozen=True)
-class Runner:
-    """A warm runner as its state file says (for ``conveyor server status|stop``)."""
-
-    key: str
-    pid: int
-    started: float
-    idle_s: float
-    served: int
-    used: float
-    learned: tuple[str, ...] = ()
-
-    @classmethod
-    def read(cls, path: Path) -> Runner | None:
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            return cls(path.stem, int(raw["pid"]), float(raw["started"]), float(raw["idle_s"]), int(raw["served"]),
-                       path.stat().st_mtime, tuple(map(str, raw.get("learned", ()))))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-
-def runners(home: Path | None = None) -> list[Runner]:
-    """The warm runners of ``home`` (this ``PREFECT_HOME`` by default) that still run, the most recently
-    used first."""
-    found = [r for p in directory(home).glob("*.json") if (r := Runner.read(p)) is not None and _is_runner(r)]
-    return sorted(found, key=lambda r: -r.used)
-
-
-def _is_runner(runner: Runner) -> bool:
-    try:
-        with open(f"/proc/{runner.pid}/cmdline", "rb") as f:
-            line = f.read()
-    except OSError:
-        return False
-    return b"conveyor.cli.warm_runner" in line and runner.key.encode() in line
-
-
-def stop_all() -> list[Runner]:
-    """SIGTERM every warm runner of this ``PREFECT_HOME`` (each ends once its runs have): those signalled."""
-    stopped = []
-    for runner in runners():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(runner.pid, signal.SIGTERM)
-            stopped.append(runner)
-    return stopped
 
 
 def serve(runner_key: str, ready_fd: int) -> None:
