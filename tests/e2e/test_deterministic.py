@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import psutil
 from projects import Project
 
 from conveyor.run.determinism import PINS, pinned_environ
@@ -33,9 +34,12 @@ def probe(ctx):
         ctx.progress.advance(1)
     ctx.log.info("probing from a process of its own")
     print("a print of the task")
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\\0", b" ").decode()
     ctx.out().write_text(json.dumps({"pid": os.getpid(), "env": {k: os.environ.get(k) for k in SEEN},
                                      "value": ctx.params["probe"]["value"], "threads": ctx.n_workers,
-                                     "executor": ctx.executor is not None}))
+                                     "executor": ctx.executor is not None, "parent": parent,
+                                     "ppid": os.getppid()}))
 
 
 def plain(ctx):
@@ -102,6 +106,31 @@ def test_a_deterministic_task_runs_in_a_process_of_its_own_with_the_pins(make_pr
     log = (project.root / f".conveyor/logs/{record['run_id']}/probe.log").read_text()
     assert "probing from a process of its own" in log and "a print of the task" in log
     assert "conveyor-progress" not in log  # progress lines travel to the live view, not the log
+    assert not project.left_running()
+
+
+def test_a_deterministic_task_is_forked_by_a_warm_runner_started_with_the_pins(
+        make_project: Callable[[], Project]) -> None:
+    """A run's deterministic tasks are handed to a warm runner of their pinned environment, which the run
+    starts (not from under the stage's guard, which would end it with the stage): it imports the task's
+    libraries once, with the pins, and forks each task. Without runners, a fresh interpreter as before."""
+    project = _pinned_project(make_project)
+    seen = []
+    for env in ({}, {}, {"CONVEYOR_WARM": "0"}):
+        done = project.conveyor("run", "-f", "probe", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        seen.append(json.loads((project.root / "out/probe.json").read_text()))
+    forked, again, fresh = seen
+    assert "conveyor.cli.warm_runner" in forked["parent"] and "task=True" in forked["parent"], forked["parent"]
+    assert again["parent"] == forked["parent"] and again["pid"] != forked["pid"]  # the same runner: a child each
+    assert "conveyor.cli.warm_runner" not in fresh["parent"]
+    assert forked["env"] == again["env"] == fresh["env"]
+    assert forked["env"]["OMP_NUM_THREADS"] == "1" and forked["env"]["ATEN_CPU_CAPABILITY"] == "default"
+    runner = psutil.Process(forked["ppid"]).environ()  # its imports saw the pins, not a test's tag
+    assert runner["OMP_NUM_THREADS"] == "1" and runner["OPENBLAS_CORETYPE"] == PINS["OPENBLAS_CORETYPE"]
+    assert "CONVEYOR_TEST_TAG" not in runner  # a variable CONVEYOR_WARM_IGNORE names, as a run's runner
+    # nor what the run set itself (its Prefect client's bounds; a library's as it loaded: scikit-learn's KMP_*)
+    assert "PREFECT_CLIENT_MAX_RETRIES" not in project.env and "PREFECT_CLIENT_MAX_RETRIES" not in runner
     assert not project.left_running()
 
 

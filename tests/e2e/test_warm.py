@@ -390,7 +390,7 @@ SWALLOWED_STOP = """
 import os, signal, sys, uuid
 from conveyor.cli import warm_runner
 
-def swallowing():
+def swallowing(task):
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         sum(range(1000))  # the handler runs here
@@ -418,7 +418,7 @@ SLOW_IMPORTS = """
 import os, sys, time
 from conveyor.cli import warm_runner
 
-def importing():
+def importing(task):
     while not os.path.exists("release"):
         time.sleep(0.02)
 

@@ -128,6 +128,9 @@ def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocomplet
     from conveyor.run.checkpoints import limit
 
     limit()  # a bad CONVEYOR_CHECKPOINTS_MAX: exit 2 before the stage starts
+    from conveyor.cli.warm_task import hand_tasks_over
+
+    hand_tasks_over()  # deterministic tasks: forked by a warm runner of their pins
     run_one(project, stage)
 
 

@@ -103,6 +103,9 @@ def run(
     from conveyor.run.checkpoints import limit
 
     limit()  # a bad CONVEYOR_CHECKPOINTS_MAX: exit 2 before any work
+    from conveyor.cli.warm_task import hand_tasks_over
+
+    hand_tasks_over()  # deterministic tasks: forked by a warm runner of their pins
     selected = dag.select(project.graph, targets, downstream=downstream, single=single_item, pipeline=pipeline)
     if dry_run:
         recover_outs(project)

@@ -71,6 +71,9 @@ def search(
     from conveyor.run.checkpoints import limit
 
     limit()  # a bad CONVEYOR_CHECKPOINTS_MAX, likewise
+    from conveyor.cli.warm_task import hand_tasks_over
+
+    hand_tasks_over()  # deterministic tasks: forked by a warm runner of their pins
     try:  # an extra: `pip install -e .[cpu]` has no Optuna (imported anyway by the search)
         import optuna  # noqa: F401
     except ImportError:

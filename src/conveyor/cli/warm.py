@@ -51,7 +51,9 @@ import sys
 from types import FrameType
 
 PROTOCOL = 3  # of the hand-over, part of the key: a runner of another conveyor is not asked (2: READY; 3: orig_argv)
-COMMANDS = frozenset({"run", "exec"})  # the commands that import Prefect: they start a runner
+# What a deterministic stage's task is handed over as (conveyor.cli.warm_task.task), never by `conveyor`
+TASK = "_task"
+COMMANDS = frozenset({"run", "exec", TASK})  # the commands that import Prefect (or a task's libraries): learning
 # Short commands that only read the project (or write dvc.yaml): a runner that is up serves them
 # too (``conveyor status``: 0.1 CPU-s instead of 0.45, 0.15 s instead of 0.3), none starts one.
 # Not the long-lived ones (servers, predict, search: their own processes' lives) nor ``server``,
@@ -65,11 +67,13 @@ SERVED = COMMANDS | {"status", "validate", "compile", "dag", "logs", "runs", "co
 VOLATILE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "WINDOWID", "TERM_SESSION_ID",
                       "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TMUX_PANE", "PS1", "PROMPT_COMMAND",
                       "HISTFILE", "HISTSIZE", "HISTCONTROL", "LS_COLORS", "GPG_TTY", "DVC_STAGE", "DVC_ROOT",
-                      "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET"})
+                      "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET",
+                      "CONVEYOR_STAGE", "CONVEYOR_RUN_ID", "CONVEYOR_CHECKPOINT_DIR"})
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
 # What ends a process by default: received before the runner has forked the run, it ends this one
 ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2})
+STARTED_WITH: dict[str, str] = {}  # the environment this command started with (a warm runner's child: its client's)
 # The client's pid, set by a runner's child for the fresh ``conveyor`` it execs itself into
 # (conveyor.cli.warm_child), which runs the command itself and unsets it: the environment is the client's
 ANEW = "CONVEYOR_WARM_ANEW"
@@ -84,7 +88,8 @@ def main() -> None:
     """``conveyor``: hand a command of :data:`SERVED` to a warm runner when one serves this environment
     (for ``run`` and ``exec``, to one started for it where none does); otherwise run it in this process."""
     anew = os.environ.pop(ANEW, "")  # a runner's child that could not be the command: it is, fresh
-    key = eligible(sys.argv[1:]) if _standard_fds_open() and not anew else None  # closed: nothing to hand over
+    STARTED_WITH.update(os.environ)
+    key = eligible(sys.argv[1:]) if standard_fds_open() and not anew and sys.argv[1:2] != [TASK] else None
     if key is not None:
         handed_over(key, sys.argv[1:])  # returns only when no runner took the command
         if sys.argv[1] in COMMANDS and spawn(key):
@@ -98,17 +103,20 @@ def main() -> None:
     run_here()
 
 
-def eligible(args: list[str]) -> str | None:
-    """The runner key for ``args``, or None when the command runs here (not one a runner serves, not Linux,
-    turned off)."""
-    if sys.platform != "linux" or not args or args[0] not in SERVED:
-        return None
-    if os.environ.get("CONVEYOR_WARM", "").strip() == "0" or idle_s() is None:
+def eligible(args: list[str], leave: frozenset[str] = frozenset()) -> str | None:
+    """The runner key for ``args`` (:func:`key`), or None when the command runs here (not one a runner serves,
+    not Linux, turned off)."""
+    if not args or args[0] not in SERVED or not serving():
         return None
     try:
-        return key()
+        return key(leave)
     except OSError:
         return None
+
+
+def serving() -> bool:
+    """Whether runners serve here: on Linux, not turned off (``CONVEYOR_WARM=0``, an idle time of 0)."""
+    return sys.platform == "linux" and os.environ.get("CONVEYOR_WARM", "").strip() != "0" and idle_s() is not None
 
 
 def idle_s() -> float | None:
@@ -122,9 +130,10 @@ def idle_s() -> float | None:
     return value if 0 < value < 10**7 else None
 
 
-def key() -> str:
-    """What a fresh ``conveyor`` process would depend on, hashed: a runner serves one key only."""
-    env = sorted(_lasting_environ().items())
+def key(leave: frozenset[str] = frozenset()) -> str:
+    """What a fresh ``conveyor`` process would depend on, hashed: a runner serves one key only. ``leave``:
+    variables left out too (what the run that started a task had set itself: :func:`task_start`)."""
+    env = sorted((k, v) for k, v in _lasting_environ().items() if k not in leave)
     limits = [resource.getrlimit(getattr(resource, name)) for name in _LIMITS if hasattr(resource, name)]
     namespaces = [_readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "pid", "net", "user", "ipc", "uts")]
     try:
@@ -286,7 +295,7 @@ def _end_as(status: int) -> None:
     os._exit(code)
 
 
-def _standard_fds_open() -> bool:
+def standard_fds_open() -> bool:
     try:
         for fd in (0, 1, 2):
             os.fstat(fd)
@@ -306,14 +315,18 @@ def spawn(runner_key: str) -> bool:
     started meanwhile waits there too): True then, or when it found the name taken (a runner another
     run started: the hand-over tries that one). False, silently, where it could not be started or did
     not listen within :data:`SPAWN_WAIT_S`: the command runs here, as without runners."""
+    return start_runner([sys.executable, "-c", _SERVE, runner_key, json.dumps(sys.path)], _lasting_environ())
+
+
+def start_runner(argv: list[str], env: dict[str, str]) -> bool:
+    """:func:`spawn`'s start of a runner, given as its last argument the end of a pipe it closes once it listens."""
     import select
     import subprocess
 
     try:
         read, write = os.pipe()  # the runner closes its end once it listens (or ends)
         try:
-            subprocess.Popen([sys.executable, "-c", _SERVE, runner_key, str(write), json.dumps(sys.path)],
-                             pass_fds=(write,), cwd="/", env=_lasting_environ(), stdin=subprocess.DEVNULL,
+            subprocess.Popen([*argv, str(write)], pass_fds=(write,), cwd="/", env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         finally:
             os.close(write)
@@ -327,6 +340,6 @@ def spawn(runner_key: str) -> bool:
 
 
 # sys.path first, as this process has it: the runner imports what this process would
-_SERVE = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
-          "from conveyor.cli.warm_runner import serve; serve(sys.argv[1], int(sys.argv[2]))")
+_SERVE = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
+          "from conveyor.cli.warm_runner import serve; serve(sys.argv[1], int(sys.argv[3]))")
 SPAWN_WAIT_S = 10.0  # for a new runner to listen: 0.1 s on 2 cores (Python's start and 70 ms of imports)

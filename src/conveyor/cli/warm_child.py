@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conveyor.cli.warm import ANEW
+from conveyor.cli.warm import ANEW, STARTED_WITH, TASK
 
 # What Prefect's settings were read from when the runner imported it (in /): the profiles file's
 # stat, and whether a settings file was there. A child in a directory with no settings file of
@@ -103,13 +103,18 @@ def child(runner: int, client: int, conn: socket.socket, fds: list[int], request
         _become(runner, fds, request, [conn, *shared])
         _anew_if_shadowed(request, client)
         atexit.register(_report_imported)  # run by every way the command exits (conveyor.cli.exits too)
-        from conveyor.workspace import stand_in
+        if sys.argv[1:2] == [TASK]:  # a deterministic stage's task (conveyor.cli.warm_task.task)
+            from conveyor.run.isolated import main as run_task
 
-        stand_in(client)  # the run lock and a kept server's lease name the command the user started
-        from conveyor.cli.app import main
+            code = run_task([TASK, sys.argv[3]])  # TASK, LEAVE, PAYLOAD (conveyor.cli.warm_task.task)
+        else:
+            from conveyor.workspace import stand_in
 
-        main()
-        code = 0
+            stand_in(client)  # the run lock and a kept server's lease name the command the user started
+            from conveyor.cli.app import main
+
+            main()
+            code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -192,6 +197,8 @@ def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: lis
     os.umask(int(request["umask"]))
     os.environ.clear()
     os.environ.update(request["env"])
+    STARTED_WITH.clear()
+    STARTED_WITH.update(request["env"])
     sys.argv = list(request["argv"])
     sys.path[:] = list(request["path"])
     if hasattr(sys.stdout, "reconfigure"):
@@ -223,12 +230,12 @@ def _libraries_here() -> None:
         sys.modules["dask.config"].refresh()
     if "numpy.random" in sys.modules:  # its global RandomState, seeded at import: from fresh entropy again, or
         sys.modules["numpy.random"].seed()  # every run would draw the runner's numbers (`random` reseeds itself)
-    from conveyor.prefect.server import bounded_environ
-
-    # what every run sets first (the runner had them set as it imported Prefect): in place before
-    # the runner's settings are compared with this run's, so that the run's bound_client() finds them
-    bounded_environ()
     if "prefect.context" in sys.modules:
+        from conveyor.prefect.server import bounded_environ
+
+        # what every run sets first (the runner had them set as it imported Prefect): in place before
+        # the runner's settings are compared with this run's, so that the run's bound_client() finds them
+        bounded_environ()
         from prefect.logging.handlers import PrefectConsoleHandler
 
         now = settings_sources(Path.cwd())

@@ -1,6 +1,6 @@
 """The warm runner: imports Prefect, DVC and conveyor's commands once, then forks a child per run.
 
-Started by :func:`conveyor.cli.warm.spawn` as ``python -c ... KEY FD PATH`` in a session of its
+Started by :func:`conveyor.cli.warm.spawn` as ``python -c ... KEY PATH FD`` in a session of its
 own, from ``/``, by a run that found no runner. It claims its abstract socket name and listens
 first, then closes the pipe ``FD`` (that run connects now), imports (:data:`PRELOAD`) and then
 serves: the runs that connected meanwhile, that first one included, waited in the listening
@@ -68,8 +68,9 @@ PRELOAD = ("conveyor.cli.app", "conveyor.cli.run", "conveyor.prefect.flow", "con
            "graphviz", "ruamel.yaml", "fsspec.implementations.memory", "rich._emoji_codes", "encodings.idna")
 
 
-def serve(runner_key: str, ready_fd: int) -> None:
-    """The runner's life (see the module's doc); returns when it ends."""
+def serve(runner_key: str, ready_fd: int, *, task: bool = False) -> None:
+    """The runner's life (see the module's doc); returns when it ends. ``task``: a runner of deterministic
+    tasks (:mod:`conveyor.cli.warm_task`), which imports what a task needs, not Prefect and DVC."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(address(runner_key))
@@ -91,10 +92,7 @@ def serve(runner_key: str, ready_fd: int) -> None:
     signal.signal(signal.SIGTERM, _leave)
     try:
         os.close(ready_fd)  # the run that started this one hands itself over now
-        from conveyor.prefect.server import bounded_environ
-
-        bounded_environ()  # as every run sets them, before Prefect reads its settings
-        _preload()
+        _preload(task)
         if _LEAVING:  # stopped while importing, and a library's bare `except:` took the SystemExit
             return
         if threading.active_count() > 1:  # a fork would copy held locks: serve nothing (the runs waiting
@@ -124,12 +122,19 @@ def _leave(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def _preload() -> None:
-    for name in PRELOAD:
+def _preload(task: bool) -> None:
+    if not task:
+        from conveyor.prefect.server import bounded_environ
+
+        bounded_environ()  # as every run sets them, before Prefect reads its settings
+    for name in ("conveyor.run.isolated", "conveyor.run.logs") if task else PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001  # a library missing or broken: the child imports (and fails on) it itself
             traceback.print_exc()
+    if task:
+        record_imported()
+        return
     try:  # the TLS context and the models every run's Prefect clients use, made once here
         from conveyor.prefect.forks import prepare
 

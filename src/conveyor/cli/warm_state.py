@@ -53,7 +53,8 @@ def _is_runner(runner: Runner) -> bool:
             line = f.read()
     except OSError:
         return False
-    return b"conveyor.cli.warm_runner" in line and runner.key.encode() in line
+    # a task's runner works its key out itself (conveyor.cli.warm.spawn_task_runner)
+    return b"conveyor.cli.warm_runner" in line and (runner.key.encode() in line or b"task=True" in line)
 
 
 def stop_all() -> list[Runner]:

@@ -5,7 +5,10 @@ The settings that decide a numeric library's kernels are read when it loads
 OpenBLAS long before a stage starts: a task that asks for ``deterministic: true`` cannot
 get them in that process. So it runs in a child, ``python -m conveyor.run.isolated PAYLOAD``,
 started as a ``cmd`` stage is (:mod:`conveyor.run.commands`: its own process group, killed
-with the run, on Ctrl-C, at its timeout, or when conveyor dies), with the pinned environment.
+with the run, on Ctrl-C, at its timeout, or when conveyor dies), with the pinned environment;
+or, where the command line says so (:data:`STARTERS`), a process of the same kind that hands the
+task to a warm runner of that environment, which forks it with the task's libraries imported
+under the pins (:mod:`conveyor.cli.warm_task`).
 
 The parent writes what the task's :class:`StageContext` holds to ``PAYLOAD`` (pickled: params
 keep their YAML types); the child imports the task, calls it, and speaks back on its
@@ -27,7 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -43,6 +46,10 @@ if TYPE_CHECKING:
     from conveyor.run.commands import Sink
 
 PROGRESS = "\x1econveyor-progress "  # a line of the child's stdout that is progress, not output
+# How a task's process starts where the command line has said (conveyor.cli.warm_task.task_start: handed
+# to a warm runner of the pinned environment, which forks it): ``the stage's variables -> argv``, the
+# payload's path appended; none: a fresh interpreter, ``python -m conveyor.run.isolated PAYLOAD``
+STARTERS: list[Callable[[Mapping[str, str]], list[str]]] = []
 _EVERY_S = 0.1  # at most this often a progress line
 
 
@@ -81,7 +88,7 @@ def run_isolated(payload: Payload, *, env: Mapping[str, str], timeout_s: float |
     with tempfile.TemporaryDirectory(prefix=f"isolated-{os.getpid()}-", dir=state) as tmp:
         path = Path(tmp) / "payload.pickle"
         payload.write(path)
-        command = Command(stage, (command_line(path),), cwd=str(root), env=env, timeout_s=timeout_s)
+        command = Command(stage, (command_line(path, env),), cwd=str(root), env=env, timeout_s=timeout_s)
         finished = run_here(command, relay(progress, sink))
         if finished.returncode != 0:
             summary = error_path(path).read_text(encoding="utf-8") if error_path(path).exists() else ""
@@ -99,8 +106,11 @@ def _remove_left_by_dead(state: Path) -> None:
             shutil.rmtree(left, ignore_errors=True)
 
 
-def command_line(payload: Path) -> str:
-    """The shell command that runs the task of ``payload`` in a fresh interpreter (this one's)."""
+def command_line(payload: Path, env: Mapping[str, str]) -> str:
+    """The shell command that runs the task of ``payload`` with ``env`` over the runner's environment: in a
+    fresh interpreter (this one's), or as the command line's starter says (:data:`STARTERS`)."""
+    if STARTERS:
+        return shlex.join([*STARTERS[0](env), str(payload)])
     return shlex.join([sys.executable, "-m", "conveyor.run.isolated", str(payload)])
 
 
