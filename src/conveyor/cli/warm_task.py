@@ -45,7 +45,8 @@ def task_start(stage_env: Mapping[str, str]) -> list[str]:
     runners are off, and the command that hands the task to it (:func:`task`; the payload's path follows)."""
     from conveyor.run.nanny_env import user_environ
 
-    changed = {k for k in {*os.environ, *STARTED_WITH} if os.environ.get(k) != STARTED_WITH.get(k)}
+    changed = {k for k in {*os.environ, *STARTED_WITH} if os.environ.get(k) != STARTED_WITH.get(k)} \
+        if STARTED_WITH else set()  # not started as `conveyor` (typer's CliRunner): what it set is not known
     leave = changed - set(stage_env)
     if serving():
         env = {**user_environ(), **stage_env}
