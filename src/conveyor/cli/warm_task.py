@@ -27,7 +27,17 @@ import os
 import sys
 from collections.abc import Mapping
 
-from conveyor.cli.warm import STARTED_WITH, TASK, VOLATILE, eligible, handed_over, serving, start_runner
+from conveyor.cli.warm import (
+    ANEW,
+    STARTED_WITH,
+    TASK,
+    VOLATILE,
+    eligible,
+    handed_over,
+    serving,
+    standard_fds_open,
+    start_runner,
+)
 
 _STARTED: set[str] = set()  # the environments whose task runner this process has started or found up
 
@@ -71,8 +81,6 @@ def task() -> None:
     """``python -P -c 'from conveyor.cli.warm_task import task; task()' LEAVE PAYLOAD``: hand the task of
     PAYLOAD to the runner of this environment less the variables LEAVE names, and end as its child does;
     where none takes it, run it here."""
-    from conveyor.cli.warm import ANEW, standard_fds_open
-
     anew = os.environ.pop(ANEW, "")  # a runner's child that could not be the task: it is, fresh
     leave, payload = sys.argv[1:3]
     found = eligible([TASK], frozenset(leave.split(","))) if standard_fds_open() and not anew else None
