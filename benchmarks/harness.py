@@ -24,8 +24,7 @@ U = TypeVar("U")
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGES = ("conveyor", "prefect", "dask", "distributed", "pandas", "numpy", "pyarrow", "fsspec", "aiohttp",
-            "dvc")
+PACKAGES = ("conveyor", "prefect", "dask", "distributed", "pandas", "numpy", "pyarrow", "fsspec", "aiohttp", "dvc")
 
 
 class CheckFailed(AssertionError):
@@ -149,8 +148,7 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
 
 def table(result: Result) -> str:
     """Per metric: the medians of both sides, the median of the per-repetition ratios and their min/max."""
-    header = ("benchmark", "metric", "baseline (median)", "candidate (median)", "ratio (median)", "ratio min/max",
-              "N")
+    header = ("benchmark", "metric", "baseline (median)", "candidate (median)", "ratio (median)", "ratio min/max", "N")
     rows = [header]
     for m in result.metrics:
         ratios = m.ratios()
