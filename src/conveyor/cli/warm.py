@@ -48,6 +48,8 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from types import FrameType
 
 PROTOCOL = 3  # of the hand-over, part of the key: a runner of another conveyor is not asked (2: READY; 3: orig_argv)
@@ -133,7 +135,7 @@ def idle_s() -> float | None:
 def key(leave: frozenset[str] = frozenset()) -> str:
     """What a fresh ``conveyor`` process would depend on, hashed: a runner serves one key only. ``leave``:
     variables left out too (what the run that started a task had set itself: :func:`task_start`)."""
-    env = sorted((k, v) for k, v in _lasting_environ().items() if k not in leave)
+    env = sorted(lasting_environ(os.environ, leave).items())
     limits = [resource.getrlimit(getattr(resource, name)) for name in _LIMITS if hasattr(resource, name)]
     namespaces = [_readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "pid", "net", "user", "ipc", "uts")]
     try:
@@ -148,10 +150,12 @@ def key(leave: frozenset[str] = frozenset()) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
-def _lasting_environ() -> dict[str, str]:
-    """The environment less what a runner may differ in: :data:`VOLATILE` and ``CONVEYOR_WARM_IGNORE``'s names."""
-    ignored = VOLATILE | {name.strip() for name in os.environ.get("CONVEYOR_WARM_IGNORE", "").split(",")}
-    return {k: v for k, v in os.environ.items() if k not in ignored}
+def lasting_environ(env: Mapping[str, str], leave: AbstractSet[str] = frozenset(),
+                    keep: AbstractSet[str] = frozenset()) -> dict[str, str]:
+    """``env`` less what a runner may differ in: :data:`VOLATILE`, ``CONVEYOR_WARM_IGNORE``'s names but those in
+    ``keep``, and those in ``leave``."""
+    named = {name.strip() for name in env.get("CONVEYOR_WARM_IGNORE", "").split(",")} - keep
+    return {k: v for k, v in env.items() if k not in VOLATILE and k not in named and k not in leave}
 
 
 def address(runner_key: str) -> str:
@@ -315,7 +319,7 @@ def spawn(runner_key: str) -> bool:
     started meanwhile waits there too): True then, or when it found the name taken (a runner another
     run started: the hand-over tries that one). False, silently, where it could not be started or did
     not listen within :data:`SPAWN_WAIT_S`: the command runs here, as without runners."""
-    return start_runner([sys.executable, "-c", _SERVE, runner_key, json.dumps(sys.path)], _lasting_environ())
+    return start_runner([sys.executable, "-c", _SERVE, runner_key, json.dumps(sys.path)], lasting_environ(os.environ))
 
 
 def start_runner(argv: list[str], env: dict[str, str]) -> bool:

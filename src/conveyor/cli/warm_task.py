@@ -31,9 +31,9 @@ from conveyor.cli.warm import (
     ANEW,
     STARTED_WITH,
     TASK,
-    VOLATILE,
     eligible,
     handed_over,
+    lasting_environ,
     serving,
     standard_fds_open,
     start_runner,
@@ -59,9 +59,7 @@ def task_start(stage_env: Mapping[str, str]) -> list[str]:
         if STARTED_WITH else set()  # not started as `conveyor` (typer's CliRunner): what it set is not known
     leave = changed - set(stage_env)
     if serving():
-        env = {**user_environ(), **stage_env}
-        ignored = {name.strip() for name in os.environ.get("CONVEYOR_WARM_IGNORE", "").split(",")} - set(stage_env)
-        lasting = {k: v for k, v in env.items() if k not in VOLATILE | leave | ignored}  # its pins kept
+        lasting = lasting_environ({**user_environ(), **stage_env}, leave, keep=set(stage_env))  # its pins kept
         wanted = hashlib.sha256(json.dumps(sorted(lasting.items())).encode()).hexdigest()
         if wanted not in _STARTED and _start_task_runner(lasting):
             _STARTED.add(wanted)  # not asked again (one that has gone since: its tasks run by themselves)
