@@ -47,10 +47,10 @@ class Project:
         path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
         return path
 
-    def conveyor(self, *args: str, timeout: float = 600,
-                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """``conveyor ARGS`` in the project; ``env``: variables over the project's own."""
-        return subprocess.run(["conveyor", *args], cwd=self.root, env={**self.env, **(env or {})},
+    def conveyor(self, *args: str, timeout: float = 600, env: Mapping[str, str] | None = None,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``conveyor ARGS`` in the project (or ``cwd``); ``env``: variables over the project's own."""
+        return subprocess.run(["conveyor", *args], cwd=cwd or self.root, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
 
     def sh(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

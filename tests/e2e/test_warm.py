@@ -338,8 +338,7 @@ def test_a_module_of_the_project_named_like_a_learned_library_is_not_replaced_by
     spec = str(project.root / "configs/pipeline.yaml")
     for where, args in ((project.root, ()), (project.root / "tasks", ()), (other.root, ("-c", spec))):
         (project.root / "used.txt").unlink()
-        done = subprocess.run(["conveyor", "run", "-f", *args], cwd=where, env=project.env, capture_output=True,
-                              text=True, timeout=300)
+        done = project.conveyor("run", "-f", *args, cwd=where)
         assert done.returncode == 0, done.stdout + done.stderr
         assert (project.root / "used.txt").read_text() == str(project.root / "xgboost.py"), where
     assert served(home) == 7
