@@ -27,6 +27,28 @@ from subprocs import FAILED, cmdline, is_warm_runner
 REPO = Path(__file__).resolve().parents[1]
 
 
+def prefect_api(url: str) -> Any:
+    """A Prefect client of the API at ``url`` for a test's own questions (``with prefect_api(url) as api``).
+
+    They share one TLS context, made from the CA file a client would use: each new client otherwise
+    parses that file's certificates (16 to 20 ms), and the tests that poll the API made a few
+    hundred of them (conveyor's runs share theirs too: conveyor.prefect.tls)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    global _TLS
+    if _TLS is None:
+        import ssl
+
+        import certifi
+        from prefect.settings import PREFECT_API_SSL_CERT_FILE
+
+        _TLS = ssl.create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    return SyncPrefectClient(url, httpx_settings={"verify": _TLS})
+
+
+_TLS: Any = None
+
+
 @dataclass
 class Project:
     """A conveyor project in a temporary directory, run through the real console script."""

@@ -37,6 +37,7 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
+from projects import prefect_api
 from repos import git_dvc_init
 from subprocs import stop_group
 
@@ -170,9 +171,7 @@ def deployment_run(project: Project, name: str, *params: str, cli: bool = False)
 
 
 def client(project: Project) -> Any:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    return SyncPrefectClient(project.env["PREFECT_API_URL"])
+    return prefect_api(project.env["PREFECT_API_URL"])
 
 
 def wait_final(project: Project, flow_run_id: str, deadline_s: float = RUN_DEADLINE_S) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from prefect_homes import new_home
-from projects import Project
+from projects import Project, prefect_api
 from subprocs import wait_until
 
 pytestmark = pytest.mark.slow
@@ -72,9 +72,7 @@ def gone(proc: psutil.Process) -> bool:
 
 
 def flow_runs(url: str) -> list[str]:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(url) as api:
+    with prefect_api(url) as api:
         return [str(run.id) for run in api.read_flow_runs()]
 
 

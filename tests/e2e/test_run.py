@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from prefect_homes import new_home
-from projects import Project
+from projects import Project, prefect_api
 from subprocs import cmdline, wait_for
 
 TASKS = '''
@@ -263,11 +263,10 @@ def test_dag_formats(make_project: Callable[[], Project]) -> None:
 def task_run_names(project: Project, flow_run_id: str, expected: int, deadline_s: float = 30) -> list[str]:
     """The task runs Prefect's server recorded for a flow run, once ``expected`` of them arrived
     (the server records them from events, a moment after the run)."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     deadline = time.monotonic() + deadline_s
-    with SyncPrefectClient(project.env["PREFECT_API_URL"]) as api:
+    with prefect_api(project.env["PREFECT_API_URL"]) as api:
         while True:
             ids = FlowRunFilterId(any_=[uuid.UUID(flow_run_id)])
             names = sorted(r.name for r in api.read_task_runs(flow_run_filter=FlowRunFilter(id=ids)))

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from projects import Project
+from projects import Project, prefect_api
 
 from conveyor.run.watchdog import TaskTimedOut, Watchdog, stuck
 
@@ -64,11 +64,10 @@ def slow_project(make_project: Callable[[], Project]) -> Project:
 
 def task_run_states(project: Project) -> dict[str, str]:
     """The final state of each task run of the project's last run, as Prefect's API has it."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     flow_run_id = uuid.UUID(project.record()["flow_run_id"])
-    with SyncPrefectClient(project.env["PREFECT_API_URL"]) as api:
+    with prefect_api(project.env["PREFECT_API_URL"]) as api:
         runs = api.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     return {run.name: run.state.type.value for run in runs if run.state is not None}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from projects import Project
+from projects import Project, prefect_api
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,6 @@ def failing_server() -> Iterator[str]:
 
 def prefect_texts(project: Project, flow_run_id: str, deadline_s: float = 30) -> list[str]:
     """What Prefect's server holds of a flow run: its logs, task runs' state messages, artifacts."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
@@ -60,7 +59,7 @@ def prefect_texts(project: Project, flow_run_id: str, deadline_s: float = 30) ->
 
     run_id = uuid.UUID(flow_run_id)
     deadline = time.monotonic() + deadline_s
-    with SyncPrefectClient(project.env["PREFECT_API_URL"]) as api:
+    with prefect_api(project.env["PREFECT_API_URL"]) as api:
         while True:  # logs and task runs reach the server a moment after the run
             logs = api.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
             tasks = api.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
