@@ -57,7 +57,8 @@ def git_dvc_init(root: Path, commands: tuple[tuple[str, ...], ...] = INIT) -> Pa
 
 
 # DVC's commands that only read a repository or set it up: nothing of them outlives the call
-IN_PROCESS = frozenset({"init", "status", "config", "remote", "metrics", "params", "data", "add", "checkout", "repro"})
+IN_PROCESS = frozenset({"init", "status", "config", "remote", "metrics", "params", "plots", "data", "add", "checkout",
+                        "repro"})
 
 
 def dvc(root: Path, *argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from projects import REPO, Project
-from repos import dvc
+from repos import dvc, dvc_here
 
 TASKS = '''
 import json, time
@@ -208,7 +208,7 @@ def test_dvc_experiments_on_the_compiled_pipeline(make_project: Callable[[], Pro
     exp = project.sh("dvc", "exp", "run", "-S", "b.n=7")
     assert "Running stage 'b'" in exp.stdout and "Running stage 'a'" not in exp.stdout
     assert json.loads((project.root / "metrics/score.json").read_text()) == {"score": 14}
-    shown = json.loads(project.sh("dvc", "exp", "show", "--json").stdout)
+    shown = json.loads(dvc_here(project.root, ["exp", "show", "--json"], project.env).stdout)  # `exp run`: a process
     assert shown  # the experiment is recorded against the baseline commit
     diff = project.sh("dvc", "metrics", "diff", "--json").stdout
     assert json.loads(diff)["metrics/score.json"]["score"] == {"old": 4, "new": 14, "diff": 10}
@@ -228,8 +228,7 @@ def test_dvc_repro_on_a_fresh_clone_reproduces_the_committed_metrics(tmp_path: P
     assert json.loads((clone / "metrics/test.json").read_text()) == json.loads(committed.stdout)
     shown = dvc(clone, "metrics", "show", "--json")
     assert shown.returncode == 0 and "metrics/test.json" in shown.stdout
-    plots = subprocess.run(["dvc", "plots", "show", "plots/roc.png", "-o", str(tmp_path / "plots")], cwd=clone,
-                           capture_output=True, text=True)
+    plots = dvc(clone, "plots", "show", "plots/roc.png", "-o", str(tmp_path / "plots"))
     assert plots.returncode == 0, plots.stderr
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "roc.png" in page
