@@ -1,10 +1,15 @@
 """Real components for the task tests: one 2-worker Dask LocalCluster for the session, a
-fresh StageBench per test, and one run of the reference chain shared by the model tests.
+fresh StageBench per test, and one run of the reference chain per test run, shared by the model tests.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +17,8 @@ import pytest
 import yaml
 from distributed import Client
 from stagebench import REPO, StageBench, new_cluster, run_chain
+
+from conveyor.run.context import StageProgress
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +45,30 @@ def bench(tmp_path: Path, params: dict[str, Any]) -> StageBench:
 
 
 @pytest.fixture(scope="session")
-def chain(tmp_path_factory: pytest.TempPathFactory, params: dict[str, Any], client: Client) -> StageBench:
-    """The reference chain, run once on the session cluster; tests read its outputs."""
-    return run_chain(StageBench(tmp_path_factory.mktemp("chain"), params), client)
+def chain(tmp_path_factory: pytest.TempPathFactory, params: dict[str, Any],
+          request: pytest.FixtureRequest) -> StageBench:
+    """The reference chain, run once per test run on the session cluster of the test process that
+    asks first (the others wait for it on a lock in the test run's folder, as for ``first_run``,
+    and start no cluster for it); tests read its outputs, and the stages' progress as it ended."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the test run's folder, which holds each test process's own
+    root, ran = shared / "chain", shared / "chain.json"
+    with (shared / "chain.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process that runs it is done
+        if not ran.exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a process interrupted while running it left
+            root.mkdir()
+            bench = run_chain(StageBench(root, params), request.getfixturevalue("client"))
+            ran.write_text(json.dumps([[c.stage, c.progress.total, c.progress.completed] for c in bench.contexts]))
+    contexts = [Ran(stage, StageProgress(total=total, completed=completed))
+                for stage, total, completed in json.loads(ran.read_text())]
+    return StageBench(root, params, contexts)  # type: ignore[arg-type]  # Ran: what tests read of a context
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the tests read of a chain stage's context (its name, its progress as it ended)."""
+
+    stage: str
+    progress: StageProgress
