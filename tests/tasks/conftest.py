@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask
 import pytest
 import yaml
 from distributed import Client
@@ -25,9 +26,16 @@ from conveyor.run.context import StageProgress
 def client() -> Iterator[Client]:
     """One 2-process Dask cluster for the whole session (starting one costs seconds).
 
-    Not the default scheduler: a test uses it only where it passes it, as the runner does.
+    Not the default scheduler: a test uses it only where it passes it, as the runner does. It
+    idles through most of the session: its workers look at their memory each second, not every
+    100 ms, and its processes sample the machine's load every 2 s, not 0.5 (idle, 1.3 % of a core
+    instead of 3.2; its memory limits are far above what the task tests hold, and the tests of
+    memory limits start clusters of their own, with Dask's defaults).
     """
-    with new_cluster() as cluster, Client(cluster, set_as_default=False) as dask_client:
+    with dask.config.set({"distributed.worker.memory.monitor-interval": "1s",
+                          "distributed.admin.system-monitor.interval": "2s"}):
+        cluster = new_cluster()
+    with cluster, Client(cluster, set_as_default=False) as dask_client:
         yield dask_client
 
 
