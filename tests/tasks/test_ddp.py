@@ -28,7 +28,7 @@ MLP_METRICS = ["epochs", "best_epoch", "initial_valid_loss", "best_valid_loss"]
 
 @pytest.fixture
 def data_bench(chain: StageBench, bench: StageBench) -> StageBench:
-    """An empty project whose data/ is the reference chain's (preprocessed once per session)."""
+    """An empty project whose data/ is the reference chain's (preprocessed once per test run)."""
     (bench.root / "data").symlink_to(chain.root / "data", target_is_directory=True)
     return bench
 
