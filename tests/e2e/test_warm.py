@@ -258,6 +258,36 @@ def test_the_runner_ends_after_its_idle_time(make_project: Callable[[], Project]
     assert project.conveyor("run", "-f").returncode == 0
     wait_gone([runner], "a runner past its idle time", 30)
     assert not list((home / "conveyor-server/warm").glob("*.json"))
+    assert not list((home / "conveyor-server/warm").glob("*.log"))  # it said nothing: its log goes too
+
+
+@pytest.mark.slow
+def test_a_runner_stopped_while_its_run_goes_on_leaves_the_files_of_the_runner_started_after_it(
+        make_project: Callable[[], Project], home: Path) -> None:
+    project = warm_project(make_project, home)
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    [first] = runners(home)
+    project.write("dvc.yaml", f"""
+        stages:
+          hold: {{cmd: '{HOLD}', outs: [held.txt]}}
+    """)
+    held = project.popen("run")
+    _wait_for(project.root / "started", held)
+    stopped = project.conveyor("server", "stop")  # it stops listening; it ends once the held run has
+    assert "stopping 1 warm runner(s)" in stopped.stdout, stopped.stdout
+    other = warm_project(make_project, home)  # the same environment: a runner of the same key, started now
+    assert other.conveyor("run").returncode == 0
+    [second] = [runner for runner in runners(home) if runner.pid != first.pid]
+    (project.root / "release").touch()
+    output, _ = held.communicate(timeout=60)
+    assert held.returncode == 0, output
+    wait_gone([first], "the stopped runner, once its run ended")
+    listed = project.conveyor("server", "status").stdout  # the second runner's state file is still there
+    assert "warm runners:  1 (pid " in listed and str(second.pid) in listed, listed
+    assert "stopping 1 warm runner(s)" in project.conveyor("server", "stop").stdout
+    wait_gone([second], "the second runner")
+    assert not list((home / "conveyor-server/warm").glob("*"))
 
 
 # A task that says which data libraries its process had imported before it imported them, then

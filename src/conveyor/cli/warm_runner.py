@@ -107,8 +107,29 @@ def serve(runner_key: str, ready_fd: int, *, task: bool = False) -> None:
                 os.kill(extra.pid, signal.SIGTERM)
         _Loop(listener, idle, state, started).run()
     finally:
+        listener.close()
+        _leave_files(runner_key, state)
+
+
+def _leave_files(runner_key: str, state: Path) -> None:
+    """At the runner's end: its state file, and its log where it holds nothing, unless a runner of the same
+    key has started since this one stopped listening (``conveyor server stop`` while its runs went on, then a
+    run): the files at those paths are that runner's now. The key's name, held while they go, says which."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.bind(address(runner_key))
+    except OSError:
+        probe.close()
+        return
+    try:
         with contextlib.suppress(OSError):
             state.unlink()
+        log = state.with_suffix(".log")
+        with contextlib.suppress(OSError):
+            if log.stat().st_size == 0:  # one per key otherwise, left for good: keys change with each install
+                log.unlink()
+    finally:
+        probe.close()
 
 
 _LEAVING: list[int] = []  # the SIGTERM received before the runner serves
