@@ -128,11 +128,18 @@ def _leave_files(runner_key: str, state: Path) -> None:
         with contextlib.suppress(OSError):
             if log.stat().st_size == 0:  # one per key otherwise, left for good: keys change with each install
                 log.unlink()
+        for other in state.parent.glob("*.log"):  # empty ones that runners of other keys left before they did this
+            with contextlib.suppress(OSError):
+                found = other.stat()
+                stale = found.st_size == 0 and time.time() - found.st_mtime > STALE_LOG_S
+                if stale and not other.with_suffix(".json").exists():
+                    other.unlink()
     finally:
         probe.close()
 
 
 _LEAVING: list[int] = []  # the SIGTERM received before the runner serves
+STALE_LOG_S = 86_400.0  # an empty log of no runner, a day old: gone at the end of the next runner
 
 
 def _leave(signum: int, frame: FrameType | None) -> None:
