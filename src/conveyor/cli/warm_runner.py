@@ -26,7 +26,8 @@ its children have ended (``conveyor server stop``: runs under way finish), and w
 :data:`MAX_RUNNERS` runners of one ``PREFECT_HOME`` are up (the one used least recently goes). Its files, in
 ``PREFECT_HOME/conveyor-server/warm/``: ``KEY.json`` (pid, start, idle time, runs served: -1
 while it imports, the libraries it learned; rewritten at each run) and ``KEY.log`` (its standard
-error).
+error), both removed as it ends (the log kept where it holds something), unless a runner of the same
+key has started meanwhile (:func:`_leave_files`).
 """
 
 from __future__ import annotations
