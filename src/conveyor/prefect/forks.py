@@ -19,7 +19,7 @@ def prepare() -> None:
     from conveyor.prefect import tls
 
     tls.share()
-    tls.made_now()
+    tls.context()  # made here once, for every run forked after
     complete_models()
 
 

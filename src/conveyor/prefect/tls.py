@@ -5,7 +5,7 @@ else certifi's bundle) as it is created, also for an ``http://`` API where no TL
 OpenSSL parses the bundle's certificates each time, 16 to 20 ms. A flow run creates four (the
 engine's client, the log and event workers' clients and the events client's version check):
 measured on a forced two-stage run forked by the warm runner, 0.39 CPU-s with them, 0.31 with
-one, 0.30 with the runner's (:func:`made_now`).
+one, 0.30 with the runner's (:func:`context`, made before it forks).
 Upstream: PrefectHQ/prefect#19106 lets a caller pass one context, which the engine and workers
 cannot be given.
 
@@ -67,11 +67,11 @@ def share() -> None:
             setattr(module, "ssl", stand_in)  # noqa: B010  # the attribute Prefect reads
 
 
-def made_now() -> None:
-    """The context of the CA file Prefect's clients use (``PREFECT_API_SSL_CERT_FILE``, which
-    ``SSL_CERT_FILE`` also sets, else certifi's bundle), made now: in the warm runner, for every
-    run it forks."""
+def context() -> ssl.SSLContext:
+    """The shared context of the CA file Prefect's clients use (``PREFECT_API_SSL_CERT_FILE``, which
+    ``SSL_CERT_FILE`` also sets, else certifi's bundle), made now if it is not yet: for a client made
+    here (``httpx_settings={"verify": context()}``)."""
     import certifi
     from prefect.settings import PREFECT_API_SSL_CERT_FILE
 
-    _SharedContexts().create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    return _SharedContexts().create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
