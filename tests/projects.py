@@ -28,25 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def prefect_api(url: str) -> Any:
-    """A Prefect client of the API at ``url`` for a test's own questions (``with prefect_api(url) as api``).
-
-    They share one TLS context, made from the CA file a client would use: each new client otherwise
-    parses that file's certificates (16 to 20 ms), and the tests that poll the API made a few
-    hundred of them (conveyor's runs share theirs too: conveyor.prefect.tls)."""
+    """A Prefect client of the API at ``url`` for a test's own questions (``with prefect_api(url) as api``),
+    on the TLS context conveyor's runs share (conveyor.prefect.tls): each new client otherwise parses
+    the CA file's certificates (16 to 20 ms), and the tests that poll the API made a few hundred."""
     from prefect.client.orchestration import SyncPrefectClient
 
-    global _TLS
-    if _TLS is None:
-        import ssl
+    from conveyor.prefect.tls import context
 
-        import certifi
-        from prefect.settings import PREFECT_API_SSL_CERT_FILE
-
-        _TLS = ssl.create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
-    return SyncPrefectClient(url, httpx_settings={"verify": _TLS})
-
-
-_TLS: Any = None
+    return SyncPrefectClient(url, httpx_settings={"verify": context()})
 
 
 @dataclass
@@ -193,26 +182,35 @@ class FirstRun:
         return Project.at(to, prefect_server)
 
 
-@pytest.fixture(scope="session")
-def first_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> FirstRun:
-    """:class:`FirstRun`, shared by the test run's processes: the first to ask clones and runs (the
-    reference pipeline, all six stages), the others wait for it on a lock in the test run's folder."""
+def once_per_test_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]) -> Any:
+    """What ``make(folder)`` returned (a JSON value), ``folder`` being ``name`` in the test run's folder: made
+    by the first of the test run's processes to ask, the others wait for it on a lock there and read it."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the test run's folder, which holds each test process's own
-    result = shared / "first-run.json"
-    with (shared / "first-run.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the one who runs it is done
+    result = shared / f"{name}.json"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the one who makes it is done
         if not result.exists():
-            root = shared / "first-run"
-            shutil.rmtree(root, ignore_errors=True)  # what a process interrupted while running it left
-            subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, timeout=300)
-            project = Project.at(root, prefect_server)
-            done = project.conveyor("run")
-            left = [" ".join(cmdline(proc)) or str(proc.pid) for proc in project.left_running()]
-            result.write_text(json.dumps({"root": str(root), "returncode": done.returncode, "stdout": done.stdout,
-                                          "stderr": done.stderr, "left_running": left}))
-    data = json.loads(result.read_text())
+            folder = shared / name
+            shutil.rmtree(folder, ignore_errors=True)  # what a process interrupted while making it left
+            result.write_text(json.dumps(make(folder)))
+    return json.loads(result.read_text())
+
+
+@pytest.fixture(scope="session")
+def first_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: dict[str, str]) -> FirstRun:
+    """:class:`FirstRun`, shared by the test run's processes (:func:`once_per_test_run`): a clone of this
+    repository and its first run (the reference pipeline, all six stages)."""
+    def clone_and_run(root: Path) -> dict[str, Any]:
+        subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, timeout=300)
+        project = Project.at(root, prefect_server)
+        done = project.conveyor("run")
+        left = [" ".join(cmdline(proc)) or str(proc.pid) for proc in project.left_running()]
+        return {"root": str(root), "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+                "left_running": left}
+
+    data = once_per_test_run(tmp_path_factory, "first-run", clone_and_run)
     return FirstRun(**{**data, "root": Path(data["root"])})
 
 

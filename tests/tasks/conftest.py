@@ -4,10 +4,6 @@ fresh StageBench per test, and one run of the reference chain per test run, shar
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +13,7 @@ import dask
 import pytest
 import yaml
 from distributed import Client
+from projects import once_per_test_run
 from stagebench import REPO, StageBench, new_cluster, run_chain
 
 from conveyor.run.context import StageProgress
@@ -55,23 +52,17 @@ def bench(tmp_path: Path, params: dict[str, Any]) -> StageBench:
 @pytest.fixture(scope="session")
 def chain(tmp_path_factory: pytest.TempPathFactory, params: dict[str, Any],
           request: pytest.FixtureRequest) -> StageBench:
-    """The reference chain, run once per test run on the session cluster of the test process that
-    asks first (the others wait for it on a lock in the test run's folder, as for ``first_run``,
-    and start no cluster for it); tests read its outputs, and the stages' progress as it ended."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the test run's folder, which holds each test process's own
-    root, ran = shared / "chain", shared / "chain.json"
-    with (shared / "chain.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process that runs it is done
-        if not ran.exists():
-            shutil.rmtree(root, ignore_errors=True)  # what a process interrupted while running it left
-            root.mkdir()
-            bench = run_chain(StageBench(root, params), request.getfixturevalue("client"))
-            ran.write_text(json.dumps([[c.stage, c.progress.total, c.progress.completed] for c in bench.contexts]))
-    contexts = [Ran(stage, StageProgress(total=total, completed=completed))
-                for stage, total, completed in json.loads(ran.read_text())]
-    return StageBench(root, params, contexts)  # type: ignore[arg-type]  # Ran: what tests read of a context
+    """The reference chain, run once per test run (:func:`projects.once_per_test_run`) on the session
+    cluster of the test process that asks first (the others start no cluster for it); tests read its
+    outputs, and the stages' progress as it ended."""
+    def run(root: Path) -> dict[str, Any]:
+        root.mkdir()
+        bench = run_chain(StageBench(root, params), request.getfixturevalue("client"))
+        return {"root": str(root), "ran": [[c.stage, c.progress.total, c.progress.completed] for c in bench.contexts]}
+
+    made = once_per_test_run(tmp_path_factory, "chain", run)
+    contexts = [Ran(stage, StageProgress(total=total, completed=completed)) for stage, total, completed in made["ran"]]
+    return StageBench(Path(made["root"]), params, contexts)  # type: ignore[arg-type]  # Ran: what tests read of one
 
 
 @dataclass(frozen=True)
