@@ -64,6 +64,18 @@ def warm_project(make_project: Callable[[], Project], home: Path, idle: str = "1
     return project
 
 
+def hold_project(make_project: Callable[[], Project], home: Path) -> Project:
+    """:func:`warm_project` once run (its runner serves), its one stage now ``hold``: it waits for ``release``."""
+    project = warm_project(make_project, home)
+    assert project.conveyor("run").returncode == 0
+    ready(home)
+    project.write("dvc.yaml", f"""
+        stages:
+          hold: {{cmd: '{HOLD}', outs: [held.txt]}}
+    """)
+    return project
+
+
 # The stage's processes up to init (pid, command line), and the COLUMNS it was given.
 ANCESTRY = """
 import json, os
@@ -209,13 +221,7 @@ def test_exit_codes_and_errors_are_the_commands_and_a_new_environment_gets_its_o
 @pytest.mark.slow
 def test_ctrl_c_reaches_the_run_and_kill_9_of_the_command_kills_it(
         make_project: Callable[[], Project], home: Path) -> None:
-    project = warm_project(make_project, home)
-    assert project.conveyor("run").returncode == 0
-    ready(home)
-    project.write("dvc.yaml", f"""
-        stages:
-          hold: {{cmd: '{HOLD}', outs: [held.txt]}}
-    """)
+    project = hold_project(make_project, home)
     (project.root / "held.txt").write_text("previous\n")
 
     run = project.popen("run")
@@ -267,14 +273,8 @@ def test_the_runner_ends_after_its_idle_time(make_project: Callable[[], Project]
 @pytest.mark.slow
 def test_a_runner_stopped_while_its_run_goes_on_leaves_the_files_of_the_runner_started_after_it(
         make_project: Callable[[], Project], home: Path) -> None:
-    project = warm_project(make_project, home)
-    assert project.conveyor("run").returncode == 0
-    ready(home)
+    project = hold_project(make_project, home)
     [first] = runners(home)
-    project.write("dvc.yaml", f"""
-        stages:
-          hold: {{cmd: '{HOLD}', outs: [held.txt]}}
-    """)
     held = project.popen("run")
     _wait_for(project.root / "started", held)
     stopped = project.conveyor("server", "stop")  # it stops listening; it ends once the held run has
