@@ -59,8 +59,16 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # event-loop watchdog ticking each second instead of each 20 ms: an idle 2-worker LocalCluster took
 # 10 % of a core (its scheduler 3.8 %, each worker 3.2 %), 2.5 % with these; the tasks' session
 # cluster idles for the whole session. Neither setting changes what a task computes or when.
+# And OpenMP's threads (GNU OpenMP: PyTorch's, XGBoost's, scikit-learn's) sleep as soon as they
+# wait instead of spinning first: the suite runs two test processes per core, and a thread that
+# spins while the one it waits for is off the CPU burns that CPU for nothing (measured with two
+# busy processes on 2 cores: an XGBoost fit of 500 rows took 3.35 CPU-s instead of 0.22, passive
+# 0.31; tests/tasks/test_mlp_checkpoints.py 22 CPU-s, 7.6 passive; the `-m "not slow"` run 303
+# CPU-s, 250). Read as the library loads: set before any test process or `conveyor` imports one.
+# Not conveyor's default: alone on its cores a spinning thread is faster (docs/benchmarks.md, "Stages at once").
 for _name, _value in (("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False"),
-                      ("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "1s")):
+                      ("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "1s"),
+                      ("OMP_WAIT_POLICY", "PASSIVE")):
     os.environ.setdefault(_name, _value)
 if "dask" in sys.modules:  # imported before this file by a plugin: read the environment again
     import dask.config
