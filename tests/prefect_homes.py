@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 # the migrated database, in the environment of the test run's processes (xdist's inherit it)
@@ -50,6 +51,8 @@ def migrate_template() -> tuple[Path, subprocess.Popen[bytes]] | None:
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
         os.close(lock)
+    # reaped as it exits (the test run waits for the run's end to end it): not a zombie of the run's first process
+    threading.Thread(target=proc.wait, name="migration-reaper", daemon=True).start()
     os.environ[TEMPLATE] = str(home / "prefect.db")
     return home, proc
 
