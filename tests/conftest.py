@@ -61,7 +61,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # cluster idles for the whole session. Neither setting changes what a task computes or when.
 # And OpenMP's threads (GNU OpenMP: PyTorch's, XGBoost's, scikit-learn's) sleep as soon as they
 # wait instead of spinning first: the suite runs two test processes per core, and a thread that
-# spins while the one it waits for is off the CPU burns that CPU for nothing (measured with two
+# spins while the one it waits for is off the CPU burns that CPU for nothing (measured beside
 # busy processes on 2 cores: an XGBoost fit of 500 rows took 3.35 CPU-s instead of 0.22, passive
 # 0.31; tests/tasks/test_mlp_checkpoints.py 22 CPU-s, 7.6 passive; the `-m "not slow"` run 303
 # CPU-s, 250). Read as the library loads: set before any test process or `conveyor` imports one.

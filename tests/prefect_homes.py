@@ -51,7 +51,7 @@ def migrate_template() -> tuple[Path, subprocess.Popen[bytes]] | None:
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
         os.close(lock)
-    # reaped as it exits (the test run waits for the run's end to end it): not a zombie of the run's first process
+    # reaped as soon as it exits, not only as the run ends (tests/conftest.py): no zombie under the run's first process
     threading.Thread(target=proc.wait, name="migration-reaper", daemon=True).start()
     os.environ[TEMPLATE] = str(home / "prefect.db")
     return home, proc
