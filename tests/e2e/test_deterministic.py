@@ -48,6 +48,10 @@ def plain(ctx):
 
 def flaky(ctx):
     ctx.out().write_text("half written")
+    if (ctx.root / "kill").exists():  # as the kernel's OOM killer ends a process
+        with (ctx.root / "attempts.txt").open("a") as attempts:
+            attempts.write("attempt\\n")
+        os.kill(os.getpid(), 9)
     if (ctx.root / "break").exists():
         raise ValueError(f"no rows in {ctx.root / 'break'}\\nsecond line")
     ctx.out().write_text("complete")
@@ -147,6 +151,12 @@ def test_a_deterministic_task_that_fails_names_its_error_and_leaves_the_previous
     record = project.record()
     log = (project.root / f".conveyor/logs/{record['run_id']}/flaky.log").read_text()
     assert "Traceback" in log and "second line" in log  # the whole story is in the stage's log
+
+    (project.root / "kill").write_text("")  # its process killed: the stage fails once, not run again
+    killed = project.conveyor("run", "-f", "-s", "flaky")
+    assert killed.returncode == 1 and "killed by signal 9" in " ".join(killed.stdout.split()), killed.stdout
+    assert (project.root / "attempts.txt").read_text() == "attempt\n"
+    assert (project.root / "out/flaky.txt").read_text() == "complete"
     assert not project.left_running()
 
 

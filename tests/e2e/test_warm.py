@@ -205,6 +205,12 @@ def test_exit_codes_and_errors_are_the_commands_and_a_new_environment_gets_its_o
     assert (project.root / "one.txt").exists()  # the previous outs, intact
     bad = project.conveyor("run", "--no-such-option")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--no-such-option" in bad.stderr
+    # a run killed by SIGKILL (the kernel's OOM killer) ends the command so, and is not run again
+    # (the command took the child's end for a runner that took no command: twice forked, then here)
+    killed = task_project(make_project, home, KILLS_ITSELF, "never.txt")
+    done = killed.conveyor("run")
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    assert (killed.root / "attempts.txt").read_text() == "attempt\n"
     [runner] = runners(home)
 
     changed = project.conveyor("run", env={"CONVEYOR_SOME_SETTING": "x"})  # another environment: a runner of its own
@@ -292,6 +298,18 @@ def test_a_runner_stopped_while_its_run_goes_on_leaves_the_files_of_the_runner_s
     wait_gone([second], "the second runner")
     assert not list((home / "conveyor-server/warm").glob("*"))
 
+
+# A task whose process dies as the kernel's OOM killer ends one, once it has said so.
+KILLS_ITSELF = """
+import os
+import signal
+
+
+def use(ctx):
+    with (ctx.root / "attempts.txt").open("a") as attempts:
+        attempts.write("attempt\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
 
 # A task that says which data libraries its process had imported before it imported them, then
 # uses what a fork could break in them: OpenBLAS's threads, pyarrow's allocator, dask's threads,

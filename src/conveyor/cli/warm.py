@@ -248,7 +248,8 @@ def handed_over(runner_key: str, args: list[str]) -> None:
         conn.sendall(request)
         _wait(conn, forward)
     except (OSError, _Abandoned):
-        pass
+        if forward.pid is not None:  # a child runs the command: whatever failed here, it is never run again
+            _lost(forward.pid)
     _not_taken(conn, forward)
 
 
@@ -272,9 +273,13 @@ def _wait(conn: socket.socket, forward: _Forwarder) -> None:
             forward.started(value)
         elif kind == b"X":
             _end_as(int(value))
-    if forward.pid is None:
-        return
-    print(f"conveyor: the warm runner ended during the run (child pid {forward.pid} was killed with it): run "
+    if forward.pid is not None:
+        _lost(forward.pid)
+
+
+def _lost(pid: int) -> None:
+    """The child's end cannot be known here (its runner went): exit 1 saying so."""
+    print(f"conveyor: the warm runner ended during the run (child pid {pid} was killed with it): run "
           "again, or set CONVEYOR_WARM=0 to run without one", file=sys.stderr)
     os._exit(1)
 
@@ -293,7 +298,8 @@ def _not_taken(conn: socket.socket, forward: _Forwarder) -> None:
 def _end_as(status: int) -> None:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # the child died of a signal: so does this process, as the shell would have seen it
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those take no handler: signal.signal raises
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         code = 128 - code
     os._exit(code)
