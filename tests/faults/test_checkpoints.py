@@ -5,12 +5,13 @@ The project (git + DVC, its dvc.yaml compiled from configs/pipeline.yaml) has on
 drew its samples anew would show, or without: the two ways train_xgboost trains) through
 :func:`conveyor.train.xgb.train_xgboost`, a booster saved every 50 rounds into the stage's
 checkpoint folder. A first project runs it uninterrupted:
-the reference model, dvc.lock and stage time. Each test copies the project, starts ``conveyor
-run``, waits for the checkpoint of round 300 (60 %) to appear and SIGKILLs the runner; then:
+the reference model and dvc.lock. Each test copies the project and runs it with a ``sitecustomize``
+on ``PYTHONPATH`` that SIGKILLs the run once the checkpoint of round 300 (60 %) is marked (the
+checkpoint-resume benchmark's, as tests/faults/test_checkpoints_mlp.py uses it: the kill lands at that
+round whatever the machine's load, so a small training set does); then:
 
 - the next run resumes (its record and output say from where), ends with a model byte-identical
-  to the reference and the same dvc.lock, in less time than the whole training, and drops the
-  stage's checkpoints once it succeeded;
+  to the reference and the same dvc.lock, and drops the stage's checkpoints once it succeeded;
 - a save killed half-way (a temporary file and a booster file that progress.json does not name)
   resumes from the save before it, as exactly;
 - a changed param starts from scratch, and the stage's log says so.
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,9 @@ import pandas as pd
 import pytest
 import yaml
 from projects import HALVES, Project
+
+# the kill at a step: what the checkpoint-resume benchmark measures with, one copy for both
+from benchmarks.compute.checkpoint_resume import KILLER as KILL_AT
 
 pytestmark = pytest.mark.slow
 MakeProject = Callable[[], Project]
@@ -72,13 +76,13 @@ ROUND_300 = 300
 
 
 def write_project(root: Path) -> None:
-    """The spec, params, task and a training set of 60,000 rows (fixed seed)."""
+    """The spec, params, task and a training set of 15,000 rows (fixed seed)."""
     for rel, text in {"pyproject.toml": "[project]\nname = 'demo'\n", "configs/pipeline.yaml": SPEC,
                       "params.yaml": PARAMS, "tasks/__init__.py": "", "tasks/boost.py": TASK}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text.lstrip(), encoding="utf-8")
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(60_000, 20))
+    x = rng.normal(size=(15_000, 20))
     frame = pd.DataFrame(x, columns=[f"x{i}" for i in range(20)])
     frame["y"] = (x[:, 0] + x[:, 1] * x[:, 2] + rng.normal(size=len(x)) > 0).astype(int)
     (root / "data").mkdir()
@@ -131,26 +135,24 @@ def uninterrupted(reference: Path) -> Path:
     return reference.parent / "uninterrupted"
 
 
-def run_killed_at(project: Project, step: int) -> Path:
-    """``conveyor run``, SIGKILLed once the checkpoint of ``step`` rounds is saved; the checkpoint folder."""
-    proc = project.popen("run")
-    folder = project.root / ".conveyor/checkpoints/boost"
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"the run ended before round {step}: {proc.communicate()[0][-3000:]}"
-            saved = [p for p in folder.glob("*/progress.json") if json.loads(p.read_text())["step"] >= step] \
-                if folder.is_dir() else []
-            if saved:
-                break
-            time.sleep(0.01)
-        else:
-            raise AssertionError(f"no checkpoint of round {step} within 300 s")
-    finally:
-        proc.kill()
-        proc.wait()
+@pytest.fixture(scope="module")
+def kill_hook(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding :data:`KILL_AT` as ``sitecustomize.py``, compiled: one for the module, so the killed
+    runs of a test process share one warm runner (``PYTHONPATH`` and its folders' times are part of its key)."""
+    hook = tmp_path_factory.mktemp("kill-hook")
+    (hook / "sitecustomize.py").write_text(KILL_AT)
+    py_compile.compile(str(hook / "sitecustomize.py"), doraise=True)  # not written by the first run
+    return hook
+
+
+def run_killed_at(project: Project, step: int, hook: Path) -> Path:
+    """``conveyor run``, SIGKILLed with the stage's process once the checkpoint of ``step`` rounds is
+    marked; the checkpoint folder."""
+    killed = project.conveyor("run", env={"KILL_AT_STEP": str(step), "PYTHONPATH": str(hook)})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
     assert not project.left_running(grace_s=5), "a process outlived the killed run"
-    (key,) = [p.parent for p in folder.glob("*/progress.json")]
+    (key,) = [p.parent for p in (project.root / ".conveyor/checkpoints/boost").glob("*/progress.json")]
+    assert json.loads((key / "progress.json").read_text())["step"] == step
     return key
 
 
@@ -173,11 +175,11 @@ def assert_same_as_uninterrupted(project: Project, reference: Path) -> None:
 
 
 @pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "unsampled"])
-def test_killed_at_60_percent_the_next_run_resumes_to_the_same_model(make_project: MakeProject,
-                                                                      references: Reference, sampled: bool) -> None:
+def test_killed_at_60_percent_the_next_run_resumes_to_the_same_model(
+        make_project: MakeProject, references: Reference, kill_hook: Path, sampled: bool) -> None:
     reference = references(sampled)
     project = copy_of(reference, make_project)
-    killed = run_killed_at(project, ROUND_300)
+    killed = run_killed_at(project, ROUND_300, kill_hook)
     step = json.loads((killed / "progress.json").read_text())["step"]
     status = project.conveyor("status")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -196,9 +198,10 @@ def test_killed_at_60_percent_the_next_run_resumes_to_the_same_model(make_projec
     # saves is measured, on a quiet machine, in docs/how-to/checkpoints.md
 
 
-def test_a_save_killed_half_way_resumes_from_the_one_before(make_project: MakeProject, reference: Path) -> None:
+def test_a_save_killed_half_way_resumes_from_the_one_before(make_project: MakeProject, reference: Path,
+                                                            kill_hook: Path) -> None:
     project = copy_of(reference, make_project)
-    killed = run_killed_at(project, ROUND_300)
+    killed = run_killed_at(project, ROUND_300, kill_hook)
     progress = json.loads((killed / "progress.json").read_text())
     # the next save, killed before it named its booster: a torn temporary and a booster no one names
     after = progress["step"] + 50
@@ -210,9 +213,9 @@ def test_a_save_killed_half_way_resumes_from_the_one_before(make_project: MakePr
     assert_same_as_uninterrupted(project, reference)
 
 
-def test_a_changed_param_starts_from_scratch(make_project: MakeProject, reference: Path) -> None:
+def test_a_changed_param_starts_from_scratch(make_project: MakeProject, reference: Path, kill_hook: Path) -> None:
     project = copy_of(reference, make_project)
-    killed = run_killed_at(project, ROUND_300)
+    killed = run_killed_at(project, ROUND_300, kill_hook)
     project.write("params.yaml", PARAMS.replace("max_depth: 6", "max_depth: 5"))
     again = project.conveyor("run")
     assert again.returncode == 0, again.stdout + again.stderr
