@@ -28,6 +28,7 @@ from prefect.states import Completed, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from conveyor.errors import Interrupted, UsageError
+from conveyor.prefect import heartbeats
 from conveyor.prefect.edges import submit_connected, upstream_runs
 from conveyor.prefect.parameters import json_flow
 from conveyor.prefect.server import raise_if_gone
@@ -379,6 +380,7 @@ def run_pipeline(session: RunSession, run_id: str) -> RunRecord:
     """Run the flow of an open, planned session in this process (``conveyor run``)."""
     options = session.options
     _PREPARED[run_id] = session
+    heartbeats.unjoined()  # its end does not wait out the heartbeat thread's second
     try:
         state: State[Any] = pipeline_flow(spec=str(session.project.spec_path), stages=list(options.stages),
                                           downstream=options.downstream, force=options.force,
