@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
@@ -200,17 +201,20 @@ def _no_server() -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
     yield "", None
 
 
-@pytest.mark.parametrize("server", ["refused", "silent"])
+@pytest.mark.parametrize("server", ["refused", "silent", "not-prefect"])
 def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_seconds(
         tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, server: str) -> None:
     project = dvc_project(tmp_path, new_home(tmp_path_factory.mktemp("prefect-home")))
-    with never_answering() if server == "silent" else _nobody_listening() as url:
+    answering = {"silent": never_answering, "refused": _nobody_listening, "not-prefect": _not_prefect}[server]
+    with answering() as url:
         t0 = time.monotonic()
         done = project.conveyor("run", env={"PREFECT_API_URL": url}, timeout=300)
         took = time.monotonic() - t0
 
     assert done.returncode == 1, done.stdout + done.stderr
     assert_one_line(done.stdout + done.stderr, url, "does not answer")
+    if server == "not-prefect":  # another service, or a URL without its /api: said, not Prefect's traceback
+        assert "HTTP 404 at /health: no Prefect API there" in done.stderr, done.stderr
     assert took < 30, f"the run took {took:.0f}s to say its server does not answer"
     record = json.loads((project.root / ".conveyor/runs/latest.json").read_text())
     assert record["status"] == "failed" and url in record["reason"], record
@@ -218,6 +222,29 @@ def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_s
     assert not (project.root / "dvc.lock").exists() and not (project.root / "one.txt").exists()
     assert not project.left_running(), "a process outlived the run"
 
+
+
+@contextmanager
+def _not_prefect() -> Iterator[str]:
+    """A loopback HTTP server that answers every request with 404, as a service that is not Prefect's does."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    do_POST = do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 @contextmanager
 def _nobody_listening() -> Iterator[str]:

@@ -90,13 +90,13 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 def unanswered(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Why the Prefect API at ``url`` does not answer ``/health`` within ``timeout_s``; None when it
-    answers. Any HTTP answer counts (a server that asks for credentials is there: Prefect says the rest)."""
+    answers. Any HTTP answer but 404 counts (one that asks for credentials is there: Prefect says the rest)."""
     opener = _DIRECT if urllib.parse.urlsplit(url).hostname in _LOOPBACK else _PROXIED
     try:
         with opener.open(f"{url.rstrip('/')}/health", timeout=timeout_s):
             return None
-    except urllib.error.HTTPError:
-        return None
+    except urllib.error.HTTPError as exc:  # 404: something else answers there (a URL without its /api)
+        return "HTTP 404 at /health: no Prefect API there, whose URL ends in /api" if exc.code == 404 else None
     except (OSError, http.client.HTTPException) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         if isinstance(reason, TimeoutError):
