@@ -138,7 +138,6 @@ def test_status_exit_code(tiny: Path) -> None:
     assert conveyor("status", cwd=tiny).returncode == 0
 
 
-
 def test_a_prefect_setting_that_does_not_validate_is_one_line_exit_2(tiny: Path) -> None:
     """Prefect validates its settings as it is imported: the bad one is named, not pydantic's traceback
     (Prefect's own "Failed to initialize plugins" lines may come before it)."""
@@ -147,6 +146,7 @@ def test_a_prefect_setting_that_does_not_validate_is_one_line_exit_2(tiny: Path)
     assert done.stderr.strip().splitlines()[-1] == (
         "Prefect's settings: PREFECT_FLOWS_HEARTBEAT_FREQUENCY='often': Input should be a valid integer, "
         "unable to parse string as an integer: fix or unset it")
+
 
 @pytest.mark.slow
 def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_path_factory: pytest.TempPathFactory

@@ -223,7 +223,6 @@ def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_s
     assert not project.left_running(), "a process outlived the run"
 
 
-
 @contextmanager
 def _not_prefect() -> Iterator[str]:
     """A loopback HTTP server that answers every request with 404, as a service that is not Prefect's does."""
@@ -245,6 +244,7 @@ class _NotFound(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
 
 @contextmanager
 def _nobody_listening() -> Iterator[str]:
