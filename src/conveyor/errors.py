@@ -253,6 +253,19 @@ class PrefectServerGone(PrefectServerError):
                 "PREFECT_API_URL to run with a temporary server")
 
 
+@dataclass
+class PrefectServerRefused(PrefectServerError):
+    """The Prefect API a run records in refused its requests for want of credentials (HTTP 401 or 403)."""
+
+    url: str
+    status: str
+
+    def __str__(self) -> str:
+        return (f"the Prefect API at {self.url} refuses conveyor's requests ({self.status}): give its credentials "
+                "(PREFECT_API_KEY for Prefect Cloud, PREFECT_API_AUTH_STRING for a server started with "
+                "PREFECT_SERVER_API_AUTH_STRING)")
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped the command; ``signal_name`` says which.
 

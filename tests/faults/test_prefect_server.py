@@ -23,7 +23,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -223,10 +223,32 @@ def test_a_server_that_does_not_answer_at_the_start_is_said_in_one_line_within_s
     assert not project.left_running(), "a process outlived the run"
 
 
-@contextmanager
-def _not_prefect() -> Iterator[str]:
+
+def test_an_api_that_asks_for_credentials_is_said_in_one_line(tmp_path_factory: pytest.TempPathFactory,
+                                                               tmp_path: Path) -> None:
+    """As a server started with PREFECT_SERVER_API_AUTH_STRING does: /health to anyone, 401 to the rest
+    without its credentials. One line saying what to set (it was Prefect's traceback), nothing run."""
+    project = dvc_project(tmp_path, new_home(tmp_path_factory.mktemp("prefect-home")))
+    with _serving(_AsksCredentials) as url:
+        done = project.conveyor("run", env={"PREFECT_API_URL": url}, timeout=300)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert_one_line(done.stdout + done.stderr, url, "refuses conveyor's requests (HTTP 401 Unauthorized)")
+    assert "PREFECT_API_AUTH_STRING" in done.stderr
+    record = json.loads((project.root / ".conveyor/runs/latest.json").read_text())
+    assert record["status"] == "failed" and {s["status"] for s in record["stages"].values()} == {"not_run"}
+    assert not (project.root / "one.txt").exists()
+    assert not project.left_running(), "a process outlived the run"
+
+def _not_prefect() -> AbstractContextManager[str]:
     """A loopback HTTP server that answers every request with 404, as a service that is not Prefect's does."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    return _serving(_NotFound)
+
+
+@contextmanager
+def _serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A loopback HTTP server of ``handler`` for the block; the API URL it would have."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -244,6 +266,16 @@ class _NotFound(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+class _AsksCredentials(_NotFound):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path.endswith("/health") else 401)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"true" if self.path.endswith("/health") else b'{"exception_message": "Unauthorized"}')
+
+    do_POST = do_PATCH = do_HEAD = do_GET
 
 
 @contextmanager

@@ -202,13 +202,13 @@ def main() -> None:
         signals.stopped(err)
     except typer.TyperException as exc:  # usage errors: since typer 0.29 (it vendors click) all derive from it
         usage_error(exc)
-    except Exception as exc:  # a Prefect setting that does not validate: one line; anything else is a bug
-        from conveyor.prefect.setting_error import invalid_setting
+    except Exception as exc:  # Prefect's settings or credentials wrong: one line; anything else is a bug
+        from conveyor.prefect.setting_error import explained
 
-        if (invalid := invalid_setting(exc)) is None:
+        if (said := explained(exc)) is None:
             raise
-        print(str(invalid), file=sys.stderr)
-        exit_now(invalid.exit_code)
+        print(str(said), file=sys.stderr)
+        exit_now(said.exit_code)
     if signals.received() and code == 130:  # typer turns KeyboardInterrupt into exit code 130
         signals.stopped(err)
     exit_now(code if isinstance(code, int) else 0)

@@ -1,12 +1,38 @@
-"""A Prefect setting that does not validate (a ``PREFECT_*`` variable, a profile's or ``prefect.toml``'s
-value), as one line naming it instead of pydantic's traceback from the first import of Prefect."""
+"""What Prefect's configuration gets wrong, as one line instead of Prefect's traceback: a setting that
+does not validate (a ``PREFECT_*`` variable, a profile's or ``prefect.toml``'s value), seen as Prefect
+is first imported; an API that refuses the requests for want of credentials, seen at the first.
+(A server that is not there or stops answering: :mod:`conveyor.prefect.server`.)"""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
-from conveyor.errors import UsageError
+from conveyor.errors import ConveyorError, PrefectServerRefused, UsageError
+
+
+def explained(exc: BaseException) -> ConveyorError | None:
+    """``exc`` as the one line :func:`invalid_setting` or :func:`refused` make of it; None for anything else."""
+    return invalid_setting(exc) or refused(exc)
+
+
+def refused(exc: BaseException) -> PrefectServerRefused | None:
+    """``exc``, or an error that caused it, as :class:`PrefectServerRefused` when it is Prefect's client told
+    HTTP 401 or 403 by the API of ``PREFECT_API_URL``; None otherwise."""
+    if "prefect.exceptions" not in sys.modules:
+        return None
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    seen: BaseException | None = exc
+    for _ in range(20):  # the chain of causes, bounded (a chain can loop)
+        if seen is None:
+            break
+        if isinstance(seen, PrefectHTTPStatusError) and seen.response.status_code in (401, 403):
+            url = os.environ.get("PREFECT_API_URL") or str(seen.request.url)
+            return PrefectServerRefused(url, f"HTTP {seen.response.status_code} {seen.response.reason_phrase}")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def invalid_setting(exc: BaseException) -> UsageError | None:
