@@ -141,7 +141,8 @@ class UnwritableError(ConveyorError, OSError):
         errno says the file system refused the write; ``exc`` itself otherwise."""
         if isinstance(exc, UnwritableError) or exc.errno not in UNWRITABLE:
             return exc
-        return cls(exc.errno, os.strerror(exc.errno), str(path if path is not None else exc.filename))
+        where = path if path is not None else exc.filename
+        return cls(exc.errno, os.strerror(exc.errno), str(where) if where is not None else "")
 
     def __str__(self) -> str:
         code = self.errno if self.errno is not None else 0
@@ -149,7 +150,8 @@ class UnwritableError(ConveyorError, OSError):
         full = code in (errno.ENOSPC, errno.EDQUOT)
         todo = "free some space, then run again (what succeeded stays recorded)" if full else \
             "run it in a writable copy of the project"
-        return f"cannot write {self.filename}: {self.strerror} ({name}): {todo}"
+        what = f"write {self.filename}" if self.filename else f"write in {os.getcwd()}"  # a write that named no file
+        return f"cannot {what}: {self.strerror} ({name}): {todo}"
 
 
 class DamagedFileError(ConveyorError, ValueError):

@@ -174,10 +174,10 @@ def run_lock(root: Path) -> Iterator[None]:
                                      f"pid {holder}): wait for it to finish, then run again", pid) from None
             raise RunLockedError(f"another conveyor run holds {path} (pid {holder}); wait for it "
                                  "to finish, then run again", pid) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(command_pid()))
-        fh.flush()
+        with writing(path):  # unbuffered: a full disk fails here, naming the lock, not as the file closes
+            fh.seek(0)
+            fh.truncate()
+            os.write(fh.fileno(), str(command_pid()).encode())
         try:
             yield
         finally:

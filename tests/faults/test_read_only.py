@@ -223,6 +223,25 @@ def test_a_full_disk_at_the_record_keeps_the_stages_in_dvc_lock_and_says_so_in_o
     assert {s["status"] for s in record["stages"].values()} == {"succeeded"}, record["stages"]
 
 
+def test_a_disk_full_before_the_run_names_the_file_it_could_not_write(
+        make_project: Callable[[], Project], tiny_disk: Callable[[Path], None]) -> None:
+    """The run lock is conveyor's first write: a full disk fails it with the lock's path (the write
+    names no file: the line said "cannot write None"), and nothing runs."""
+    project = _dvc_project(make_project)
+    (project.root / ".conveyor").mkdir()
+    tiny_disk(project.root / ".conveyor")
+    (project.root / ".conveyor/.gitignore").write_text("*\n")
+    with pytest.raises(OSError, match="No space left"), (project.root / ".conveyor/filler").open("wb") as fh:
+        fh.write(b"\0" * 2_000_000)
+
+    done = project.conveyor("run")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"cannot write {project.root / '.conveyor/run.lock'}: No space left on device (ENOSPC): free some space, "
+        "then run again (what succeeded stays recorded)")
+    assert not (project.root / "one.txt").exists() and not (project.root / "dvc.lock").exists()
+
+
 def test_a_full_disk_loses_an_events_line_not_the_run(tmp_path: Path, tiny_disk: Callable[[Path], None]) -> None:
     """The events only settle a killed run: a line that does not fit must not end the run (and leave
     the stages still running unrecorded)."""
