@@ -114,7 +114,8 @@ def test_an_input_that_does_not_match_the_model_is_refused_naming_the_columns(li
     np.testing.assert_allclose(scores["score"], expected(frame), atol=1e-12)
 
     for args, message in [
-        (("-i", "nothing-*.csv"), "--input nothing-*.csv: cannot read it as CSV"),
+        (("-i", "nothing-*.csv"), "--input nothing-*.csv: cannot read it as CSV (nothing-*.csv resolved to no files)"),
+        (("-i", "missing.parquet"), "--input missing.parquet: no such file or directory; give a parquet or CSV"),
         (("-i", "rows.csv", "--id", "nope"), "no id column 'nope'"),
         (("-i", "rows.csv", "-m", "missing-dir"), "--model missing-dir: not a directory"),
         (("-i", "rows.csv", "--profile", "gpu"), "--profile gpu: unknown profile"),

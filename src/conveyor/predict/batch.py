@@ -106,13 +106,16 @@ def read(source: str, features: Sequence[str], blocksize: str) -> dd.DataFrame:
 
     path = source.split("://", 1)[-1].rstrip("/")
     parquet = path.lower().endswith(PARQUET) or ("://" not in source and Path(source).is_dir())
+    if "://" not in source and not any(c in source for c in "*?[") and not Path(source).exists():
+        raise UsageError(f"--input {source}: no such file or directory; give a parquet or CSV path, glob or URL")
     try:
         if parquet:
             frame: dd.DataFrame = read_dask(source, blocksize=blocksize)
         else:
             frame = dd.read_csv(source, blocksize=blocksize, dtype=dict.fromkeys(features, "float64"))
     except (OSError, ValueError, TypeError, IndexError) as exc:
-        what, why = "parquet" if parquet else "CSV", redact(str(exc)) or type(exc).__name__
+        said = str(exc).split("Original Message: ", 1)[-1]  # what dask's dispatch wraps, on one line
+        what, why = "parquet" if parquet else "CSV", redact(" ".join(said.split())) or type(exc).__name__
         raise UsageError(f"--input {redact(source)}: cannot read it as {what} ({why}); "
                          "give a parquet or CSV path, glob or URL") from None
     return frame
@@ -311,7 +314,7 @@ def cached_scorer(root: Path, spec: ModelSpec, model: ModelVersion) -> Scorer:
 def describe(scored: Scored) -> str:
     rate = scored.rows / scored.wall_s if scored.wall_s > 0 else 0.0
     return (f"scored {scored.rows:,} rows in {_n(scored.partitions, 'partition')} on {_n(scored.workers, 'worker')} "
-            f"in {scored.wall_s:.1f}s ({rate:,.0f} rows/s) with model {scored.model.version} "
+            f"in {scored.wall_s:.1f}s ({rate:,.{0 if rate >= 10 else 1}f} rows/s) with model {scored.model.version} "
             f"({scored.model.source}): {scored.output}")
 
 
