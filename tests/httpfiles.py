@@ -1,6 +1,7 @@
 """A flaky HTTP server on 127.0.0.1 (stdlib ``http.server`` in a thread) for the ingest's tests: it
 adds latency and injects faults from a plan keyed by (method, path, Range, n-th such request), so
-which request fails is the same on every run however the ingest threads interleave."""
+which request fails is the same on every run however the ingest threads interleave; and
+:func:`serving`, a loopback server of any handler for a block."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -21,6 +22,18 @@ from typing import Any
 # (method, path, range header or "", n-th request with those three) -> fault, or None to serve
 FaultPlan = Callable[[str, str, str, int], str | None]
 
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    """A ThreadingHTTPServer of ``handler`` on a free loopback port, in a thread, for the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 @dataclass
 class FlakyServer:

@@ -25,11 +25,12 @@ import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import psutil
 import pytest
+from httpfiles import serving
 from prefect_homes import new_home
 from projects import Project
 from repos import dvc, git_dvc_init
@@ -248,14 +249,8 @@ def _not_prefect() -> AbstractContextManager[str]:
 @contextmanager
 def _serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """A loopback HTTP server of ``handler`` for the block; the API URL it would have."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(handler) as server:
         yield f"http://127.0.0.1:{server.server_address[1]}/api"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class _NotFound(BaseHTTPRequestHandler):

@@ -7,15 +7,15 @@ in error messages, retries' warnings and Prefect's failure state: everywhere it 
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+from httpfiles import serving
 from projects import Project, prefect_api
 
 pytestmark = pytest.mark.slow
@@ -36,14 +36,8 @@ class _Failing(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def failing_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_Failing) as server:
         yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def prefect_texts(project: Project, flow_run_id: str, deadline_s: float = 30) -> list[str]:
