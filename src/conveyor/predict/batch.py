@@ -114,8 +114,8 @@ def read(source: str, features: Sequence[str], blocksize: str) -> dd.DataFrame:
         else:
             frame = dd.read_csv(source, blocksize=blocksize, dtype=dict.fromkeys(features, "float64"))
     except (OSError, ValueError, TypeError, IndexError) as exc:
-        said = str(exc).split("Original Message: ", 1)[-1]  # what dask's dispatch wraps, on one line
-        what, why = "parquet" if parquet else "CSV", redact(" ".join(said.split())) or type(exc).__name__
+        original = exc.__cause__ if type(exc.__cause__) is type(exc) else exc  # what dask's dispatch wrapped
+        what, why = "parquet" if parquet else "CSV", redact(" ".join(str(original).split())) or type(exc).__name__
         raise UsageError(f"--input {redact(source)}: cannot read it as {what} ({why}); "
                          "give a parquet or CSV path, glob or URL") from None
     return frame
