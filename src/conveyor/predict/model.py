@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError, UsageError
+from conveyor.spec.bytecode import drop_doubtful
 from conveyor.spec.project import ensure_importable
+from conveyor.spec.sources import local_sources
 
 if TYPE_CHECKING:
     import numpy as np
@@ -193,6 +195,7 @@ def load_scorer(root: Path, spec: ModelSpec, model: ModelVersion) -> Scorer:
 def _function(root: Path, ref: str, key: str) -> Callable[..., Any]:
     ensure_importable(root)
     module, _, name = ref.partition(":")
+    drop_doubtful(local_sources(root, module, [module.partition(".")[0]]))  # conveyor.spec.bytecode
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:

@@ -38,6 +38,7 @@ from conveyor.run.schedule import Outcome
 from conveyor.run.tree_memory import CommandOverMemory
 from conveyor.run.unshared import Disks, Shipment
 from conveyor.run.watchdog import TaskTimedOut, TaskTimeout, Watchdog, abandoned, raise_in
+from conveyor.spec.bytecode import drop_doubtful
 from conveyor.spec.project import Project, ensure_importable
 
 
@@ -116,9 +117,10 @@ class StageRunner:
             record.attempts += 1
             record.started = record.started or now().isoformat()
         record.profile = self.profiles.resolve(spec.on) or "local"
+        code = environment.code_files(self.project, stage)
+        drop_doubtful(code)  # before it is imported: Python's bytecode of an earlier version of it is not run
         if record.packages is None:  # what no fingerprint holds, for `status` to compare with the next run
-            record.packages = environment.packages(environment.code_files(self.project, stage))
-            record.cpu = environment.cpu_settings()
+            record.packages, record.cpu = environment.packages(code), environment.cpu_settings()
         placement = self.profiles.place(spec.on, [self.project.root / dep for dep in spec.deps])
         record.placement = placement.why or None
         resources = self.profiles.in_process(spec.on) if placement.in_process else self.profiles.get(spec.on)
@@ -290,8 +292,7 @@ class StageRunner:
             item=self.project.item_of(stage), needed=needed_items(self.project, stage),
             client=resources.client, executor=resources.executor,
             n_workers=len(hold.workers) if hold is not None else resources.n_workers,
-            devices=resources.devices, progress=progress, checkpoint_dir=self._checkpoints[stage].path,
-        )
+            devices=resources.devices, progress=progress, checkpoint_dir=self._checkpoints[stage].path)
         timeout = spec.timeout_s
 
         def give_up() -> None:  # still blocked past the timeout: the flow hears it now
@@ -318,8 +319,7 @@ class StageRunner:
         workers.restart(resources, stage_logger(stage), when, others)
 
     def _ship_code(self) -> None:
-        """What the task sends the workers carries the project's code (:mod:`conveyor.run.shipping`):
-        the scheduler and workers need conveyor and the libraries, not the project."""
+        """What the task sends the workers carries the project's code: they need none (:mod:`conveyor.run.shipping`)."""
         from conveyor.run.shipping import ship_project_code
 
         ship_project_code(self.project.root)
