@@ -68,3 +68,12 @@ def test_pycs_python_checks_itself_or_written_after_the_second_are_kept(tmp_path
                        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
     assert drop_doubtful([source]) == []  # hash-based: Python compares the source's hash
     assert drop_doubtful([tmp_path / "missing.py", tmp_path / "data.csv"]) == []
+
+
+def test_installed_packages_are_left_alone(tmp_path: Path) -> None:
+    """pip writes a package's sources and compiles them in the same second: not an edit."""
+    installed = tmp_path / "lib/site-packages"
+    installed.mkdir(parents=True)
+    source, cached = _edited_in_the_second_compiled(installed, 0.4)
+    assert drop_doubtful([source]) == []
+    assert cached.exists()

@@ -12,7 +12,8 @@ A pyc can be of another version of a source that has its recorded second and siz
 written within that second, or just after it (the compile that read the source then took that
 long): those are removed, and Python compiles the source again as the stage imports it (and caches
 the new bytecode). A pyc written later is of the source as it is, as is a hash-based one (Python
-compares the source's hash). One ``stat`` and 16 bytes read per file.
+compares the source's hash). One ``stat`` and 16 bytes read per file. Installed packages are left
+alone: their installer compiled them as it wrote them, which only looks like this.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def drop_doubtful(sources: Iterable[Path]) -> list[Path]:
     an earlier version of it; return them."""
     dropped = []
     for source in sources:
-        if source.suffix != ".py":
-            continue
+        if source.suffix != ".py" or {"site-packages", "dist-packages"} & set(source.parts):
+            continue  # not Python, or installed (a task of an installed package): compiled once by its installer
         try:
             cached = Path(importlib.util.cache_from_source(str(source)))
             st = os.stat(source)
