@@ -148,6 +148,15 @@ def test_a_prefect_setting_that_does_not_validate_is_one_line_exit_2(tiny: Path)
         "unable to parse string as an integer: fix or unset it")
 
 
+@pytest.mark.parametrize("value", ["abc", "-5", "nan"])
+def test_a_warm_idle_time_that_is_not_seconds_is_one_line_exit_2(tiny: Path, value: str) -> None:
+    """Not a silent run without warm runners, as it was: said as a bad CONVEYOR_SERVER_IDLE is."""
+    done = conveyor("status", cwd=tiny, env={"CONVEYOR_WARM_IDLE": value})
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr == (f"CONVEYOR_WARM_IDLE={value!r}: give the seconds a warm runner waits unused before it "
+                           "ends (0: no runners)\n")
+
+
 @pytest.mark.slow
 def test_a_run_on_the_embedded_server_prints_nothing_of_prefect(tiny: Path, tmp_path_factory: pytest.TempPathFactory
                                                                 ) -> None:

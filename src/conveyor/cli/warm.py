@@ -91,6 +91,9 @@ def main() -> None:
     (for ``run`` and ``exec``, to one started for it where none does); otherwise run it in this process."""
     anew = os.environ.pop(ANEW, "")  # a runner's child that could not be the command: it is, fresh
     STARTED_WITH.update(os.environ)
+    if sys.argv[1:2] and sys.argv[1] in SERVED and (problem := idle_problem()):
+        print(problem, file=sys.stderr)  # as a bad CONVEYOR_SERVER_IDLE: not a silent run without runners
+        sys.exit(2)
     key = eligible(sys.argv[1:]) if standard_fds_open() and not anew and sys.argv[1:2] != [TASK] else None
     if key is not None:
         handed_over(key, sys.argv[1:])  # returns only when no runner took the command
@@ -130,6 +133,19 @@ def idle_s() -> float | None:
     except ValueError:
         return None
     return value if 0 < value < 10**7 else None
+
+
+def idle_problem() -> str | None:
+    """What is wrong with ``CONVEYOR_WARM_IDLE``, in the words of a usage error; None when it is unset or
+    a number of seconds."""
+    raw = os.environ.get("CONVEYOR_WARM_IDLE", "").strip()
+    try:
+        if not raw or 0 <= float(raw) < 10**7:
+            return None
+    except ValueError:
+        pass
+    return (f"CONVEYOR_WARM_IDLE={raw!r}: give the seconds a warm runner waits unused before it ends "
+            "(0: no runners)")
 
 
 def key(leave: frozenset[str] = frozenset()) -> str:
