@@ -131,7 +131,10 @@ def exec_stage(stage: Annotated[str, typer.Argument(metavar="STAGE", autocomplet
     from conveyor.cli.warm_task import hand_tasks_over
 
     hand_tasks_over()  # deterministic tasks: forked by a warm runner of their pins
-    run_one(project, stage)
+    from conveyor.run.leftovers import ended_after
+
+    with ended_after(lambda line: err.print(line, style="yellow", highlight=False, soft_wrap=True)):
+        run_one(project, stage)
 
 
 @app.command()

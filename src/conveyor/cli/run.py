@@ -132,19 +132,22 @@ def run(
     run_id = new_run_id()
     warn = partial(err.print, style="yellow", highlight=False)
     from conveyor.cli.view import resume_command, summary
+    from conveyor.run.leftovers import ended_after
 
     # Decide first, under the run's locks: when nothing is due, no Prefect, server or cluster starts.
-    try:
-        recompiled = _recompiled_note(project)
-        with open_session(project, options, warn=warn, write=write if texts else None) as session:
-            if recompiled:
-                err.print(recompiled, highlight=False, soft_wrap=True)
-            if session.nothing_to_do:
-                record = nothing_to_do(session, run_id)
-            else:
-                record = _run_flow(project, session, run_id, verbose)
-    except KeyboardInterrupt as exc:
-        signals.interrupted_run(out, err, project, run_id, exc, options)
+    with ended_after(warn) as end_leftovers:  # what tasks started and left running (conveyor.run.leftovers)
+        try:
+            recompiled = _recompiled_note(project)
+            with open_session(project, options, warn=warn, write=write if texts else None) as session:
+                if recompiled:
+                    err.print(recompiled, highlight=False, soft_wrap=True)
+                if session.nothing_to_do:
+                    record = nothing_to_do(session, run_id)
+                else:
+                    record = _run_flow(project, session, run_id, verbose)
+        except KeyboardInterrupt as exc:
+            end_leftovers()  # before the exit, which skips what follows
+            signals.interrupted_run(out, err, project, run_id, exc, options)
     # the summary is the command's output (stdout: `conveyor run > run.txt` keeps it); the live view,
     # warnings and errors are on stderr
     out.print(summary(record, project, resume_command(project, record, options)), crop=False)

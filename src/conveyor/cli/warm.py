@@ -70,7 +70,8 @@ VOLATILE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "WINDOW
                       "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TMUX_PANE", "PS1", "PROMPT_COMMAND",
                       "HISTFILE", "HISTSIZE", "HISTCONTROL", "LS_COLORS", "GPG_TTY", "DVC_STAGE", "DVC_ROOT",
                       "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "HYPERFINE_RANDOMIZED_ENVIRONMENT_OFFSET",
-                      "CONVEYOR_STAGE", "CONVEYOR_RUN_ID", "CONVEYOR_CHECKPOINT_DIR"})
+                      "CONVEYOR_STAGE", "CONVEYOR_RUN_ID", "CONVEYOR_CHECKPOINT_DIR",
+                      "CONVEYOR_OUTLIVES"})  # conveyor.run.leftovers.OUTLIVES: a runner's own, naming who started it
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
 # What ends a process by default: received before the runner has forked the run, it ends this one
@@ -349,11 +350,14 @@ def start_runner(argv: list[str], env: dict[str, str]) -> bool:
     import select
     import subprocess
 
+    from conveyor.run.leftovers import outliving  # off every run's path: a runner starts once
+
     try:
         read, write = os.pipe()  # the runner closes its end once it listens (or ends)
         try:
-            subprocess.Popen([*argv, str(write)], pass_fds=(write,), cwd="/", env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            subprocess.Popen([*argv, str(write)], pass_fds=(write,), cwd="/", env=outliving(env),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
         finally:
             os.close(write)
         try:

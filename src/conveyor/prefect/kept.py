@@ -34,6 +34,7 @@ from io import TextIOWrapper
 from pathlib import Path
 
 from conveyor.errors import PrefectServerError, UsageError
+from conveyor.run.leftovers import outliving
 from conveyor.run.nanny_env import user_environ
 from conveyor.workspace import command_pid
 
@@ -186,7 +187,7 @@ class KeptServer:
         if self.join() is not None:
             return
         port = _free_port()
-        env = {**user_environ(), "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = outliving({**user_environ(), "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "conveyor.prefect.keeper", str(self.directory), str(port), f"{self.idle:g}"],

@@ -1,0 +1,142 @@
+"""What a run's tasks started and left running: ended with the command that ran them.
+
+A ``cmd`` stage's commands run under a guard that ends whatever they leave (:mod:`conveyor.run.guard`).
+A task runs in conveyor's own process, and what it starts, a ``subprocess.Popen`` never waited for,
+a ``multiprocessing.Process`` never joined, a server it meant to stop, is still that process's
+after the task returned. So once a command that runs stages (``run``, ``exec``, ``search``) has
+stopped what it started itself (clusters, a temporary Prefect server, the stages' commands), every
+process still under it is a leftover of its tasks, but for
+
+- what conveyor starts to outlive the command (a kept Prefect server, a warm runner): started with
+  :data:`OUTLIVES` in its environment naming the process that started it (:func:`outliving`), which
+  the processes it starts inherit. A process forked without an exec shows the environment its
+  process was started with, never this one's pid: a task's fork of a run a warm runner forked is ended;
+- Python's multiprocessing helpers (its resource tracker, loky's, a forkserver), which end with the
+  process by themselves.
+
+Each leftover gets SIGTERM, then SIGKILL after :data:`GRACE_S`, and the command says which, in one
+line. A process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``)
+is init's by then: out of reach, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
+
+OUTLIVES = "CONVEYOR_OUTLIVES"
+GRACE_S = 3.0  # between SIGTERM and SIGKILL
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "loky.backend.resource_tracker")
+
+
+def outliving(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a process this one starts to outlive it (never ended as a leftover)."""
+    return {**env, OUTLIVES: str(os.getpid())}
+
+
+def leftovers() -> list[psutil.Process]:
+    """The processes under this one that are neither kept on purpose nor multiprocessing's helpers."""
+    import psutil
+
+    me = str(os.getpid())
+    try:
+        found = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+    parents = {p.pid: p.ppid() for p in found}
+    kept = {p.pid for p in found if _environ(p).get(OUTLIVES) == me or _is_helper(p)}
+
+    def under_kept(pid: int) -> bool:
+        while pid in parents:
+            if pid in kept:
+                return True
+            pid = parents[pid]
+        return False
+
+    return [p for p in found if not under_kept(p.pid)]
+
+
+def end_leftovers(grace_s: float = GRACE_S) -> list[str]:
+    """End :func:`leftovers`: SIGTERM, then SIGKILL to those still there after ``grace_s``; each as
+    ``PID (command line)``."""
+    if not _any_children():
+        return []
+    import psutil
+
+    found = leftovers()
+    shown = [_shown(p) for p in found]
+    for proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return shown
+
+
+@contextlib.contextmanager
+def ended_after(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
+    """Around a command that runs stages: its leftovers ended as it ends, however it ends. It gives
+    what ends them now, for a way out that does not come back through here (``os._exit``)."""
+    done: list[bool] = []
+
+    def end() -> None:
+        if done:
+            return
+        done.append(True)
+        ended = end_leftovers()
+        if ended:
+            say(f"ended {len(ended)} process{'es' if len(ended) > 1 else ''} a task started and left running: "
+                f"{', '.join(ended)} (a task waits for what it starts, or runs it as a cmd stage)")
+
+    try:
+        yield end
+    finally:
+        end()
+
+
+def _any_children() -> bool:
+    """Whether this process has a child, read from ``/proc`` without importing psutil (a run with nothing
+    to do imports none of it); True where that cannot be read."""
+    try:
+        threads = os.listdir("/proc/self/task")
+        return any(Path(f"/proc/self/task/{tid}/children").read_text().strip() for tid in threads)
+    except OSError:
+        return True
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    import psutil
+
+    try:
+        return dict(proc.environ())
+    except psutil.Error:
+        return {}
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    import psutil
+
+    try:
+        line = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return any(helper in line for helper in _HELPERS)
+
+
+def _shown(proc: psutil.Process) -> str:
+    import psutil
+
+    try:
+        line = " ".join(proc.cmdline())
+    except psutil.Error:
+        line = "?"
+    return f"{proc.pid} ({line[:60]}{'...' if len(line) > 60 else ''})"

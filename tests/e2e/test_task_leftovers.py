@@ -1,0 +1,56 @@
+"""What a task starts and leaves running ends with the command that ran it, as a cmd stage's does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import psutil
+from projects import Project
+
+SPEC = """
+    pipeline: leftovers
+    stages:
+      spawn: {task: tasks.work:spawn, outs: [data/pids.json]}
+"""
+WORK = """
+    import json
+    import multiprocessing
+    import subprocess
+    import sys
+    import time
+
+    NAP = "import time; time.sleep(600)"
+    PARENT = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1]]); time.sleep(600)"
+
+
+    def spawn(ctx):
+        started = [subprocess.Popen([sys.executable, "-c", NAP]),  # never waited for
+                   subprocess.Popen([sys.executable, "-c", PARENT, NAP], start_new_session=True)]  # with a child
+        forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+        forked.start()  # never joined: multiprocessing's exit handler would wait for it at the run's end
+        time.sleep(0.5)  # the grandchild started
+        ctx.out().write_text(json.dumps([p.pid for p in started] + [forked.pid]))
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_processes_a_task_left_running_end_with_the_run_and_with_exec(make_project: Callable[[], Project]) -> None:
+    project = make_project()
+    project.write("configs/pipeline.yaml", SPEC)
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/work.py", WORK)
+    for command in (["run"], ["exec", "spawn"]):  # `dvc repro` calls `conveyor exec`
+        done = project.conveyor(*command, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        pids = json.loads((project.root / "data/pids.json").read_text())
+        assert "ended 4 processes a task started and left running: " in done.stderr, done.stderr
+        assert "(a task waits for what it starts, or runs it as a cmd stage)" in done.stderr
+        assert [pid for pid in pids if _running(pid)] == [], command
+        assert project.left_running() == [], command
