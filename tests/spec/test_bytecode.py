@@ -55,6 +55,14 @@ def test_a_pyc_of_an_earlier_version_in_the_same_second_and_size_is_dropped(tmp_
     assert cached.exists()
 
 
+def test_another_pythons_pyc_beside_it_is_dropped_too(tmp_path: Path) -> None:
+    """A command's ``python3.12 scripts/x.py`` reads its own cache file of the module."""
+    source, cached = _edited_in_the_second_compiled(tmp_path, 0.4)
+    other = cached.with_name("mod.cpython-312.pyc")
+    cached.rename(other)
+    assert drop_doubtful([source]) == [other]
+
+
 def test_pycs_python_checks_itself_or_written_after_the_second_are_kept(tmp_path: Path) -> None:
     source, cached = _edited_in_the_second_compiled(tmp_path, 3.5)  # written well after: of v2 in truth
     assert drop_doubtful([source]) == []
