@@ -28,6 +28,8 @@ def child_of(proc):
     return found[0]
 
 multiprocessing.resource_tracker.ensure_running()  # a helper, ended by its own process's exit
+from joblib import Parallel, delayed
+Parallel(n_jobs=2)(delayed(abs)(i) for i in range(4))  # joblib's reusable workers, kept for the next call
 kept = subprocess.Popen([sys.executable, "-c", PARENT, NAP], env=outliving(os.environ))
 left = subprocess.Popen([sys.executable, "-c", PARENT, NAP])
 kept_child, left_child = child_of(kept), child_of(left)
@@ -42,7 +44,7 @@ kept.kill()
 """
 
 
-def test_kept_processes_their_children_and_multiprocessing_helpers_stay_the_rest_ends() -> None:
+def test_kept_processes_their_children_multiprocessing_helpers_and_joblib_workers_stay_the_rest_ends() -> None:
     done = subprocess.run([sys.executable, "-c", SWEEP], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)

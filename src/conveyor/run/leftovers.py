@@ -11,8 +11,9 @@ process still under it is a leftover of its tasks, but for
   :data:`OUTLIVES` in its environment naming the process that started it (:func:`outliving`), which
   the processes it starts inherit. A process forked without an exec shows the environment its
   process was started with, never this one's pid: a task's fork of a run a warm runner forked is ended;
-- Python's multiprocessing helpers (its resource tracker, loky's, a forkserver), which end with the
-  process by themselves.
+- Python's multiprocessing helpers (its resource tracker, loky's, a forkserver) and joblib's
+  reusable workers (scikit-learn's ``n_jobs``: kept for the next call, by design), which end with
+  the process by themselves.
 
 Each leftover gets SIGTERM, then SIGKILL after :data:`GRACE_S`, and the command says which, in one
 line. A process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``)
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 OUTLIVES = "CONVEYOR_OUTLIVES"
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
-_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "loky.backend.resource_tracker")
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "loky.backend.resource_tracker",
+            "loky.backend.popen_loky")
 
 
 def outliving(env: Mapping[str, str]) -> dict[str, str]:
