@@ -48,10 +48,15 @@ def leftovers() -> list[psutil.Process]:
 
     me = str(os.getpid())
     try:
-        found = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        under = psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
-    parents = {p.pid: p.ppid() for p in found}
+    found, parents = [], {}
+    for proc in under:
+        with contextlib.suppress(psutil.Error):  # gone meanwhile: nothing to end
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                parents[proc.pid] = proc.ppid()
+                found.append(proc)
     kept = {p.pid for p in found if _environ(p).get(OUTLIVES) == me or _is_helper(p)}
 
     def under_kept(pid: int) -> bool:
