@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 
 import psutil
@@ -54,3 +56,36 @@ def test_processes_a_task_left_running_end_with_the_run_and_with_exec(make_proje
         assert "(a task waits for what it starts, or runs it as a cmd stage)" in done.stderr
         assert [pid for pid in pids if _running(pid)] == [], command
         assert project.left_running() == [], command
+
+
+FLOW = """
+import json, subprocess, sys
+from prefect import flow
+import conveyor
+
+@flow
+def mine():
+    own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # the flow's, not the run's
+    state = conveyor.run_stages("configs/pipeline.yaml", force=True)
+    print(json.dumps({"own": own.pid, "own_running": own.poll() is None, "completed": state.is_completed()}))
+    own.kill()
+
+mine()
+"""
+
+
+def test_in_a_flow_of_the_users_what_the_run_left_ends_and_what_the_flow_started_before_stays(
+        make_project: Callable[[], Project]) -> None:
+    """A deployment's flow calling conveyor.run_stages: the flow's own processes are not the run's."""
+    project = make_project()
+    project.write("configs/pipeline.yaml", SPEC)
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/work.py", WORK)
+    done = subprocess.run([sys.executable, "-c", FLOW], cwd=project.root, env=project.env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["own_running"] and seen["completed"], seen
+    pids = json.loads((project.root / "data/pids.json").read_text())
+    assert [pid for pid in pids if _running(pid)] == []
+    assert "ended 4 processes a task started and left running: " in done.stdout + done.stderr

@@ -36,6 +36,7 @@ from conveyor.run import capture
 from conveyor.run.compare import artifact_rows
 from conveyor.run.environment import History
 from conveyor.run.failures import redacted, short_error
+from conveyor.run.leftovers import ended_after
 from conveyor.run.live import RunView
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
@@ -328,8 +329,8 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
 
     ``session``: one already open and planned (``conveyor run``); else one is opened here.
     """
-    if session is None:
-        with open_session(project, options, warn=_warn) as opened:
+    if session is None:  # a flow of the user's (a deployment's, retrain): what its tasks left running ends here
+        with ended_after(_warn, new_only=True), open_session(project, options, warn=_warn) as opened:
             return run_in_flow(project, options, run_id, session=opened)
     run = begin(project, session.selected, run_id, options.overrides, flow_run_id=str(flow_run.id or ""),
                 flow_run_url=_flow_run_url())

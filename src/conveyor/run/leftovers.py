@@ -42,8 +42,22 @@ def outliving(env: Mapping[str, str]) -> dict[str, str]:
     return {**env, OUTLIVES: str(os.getpid())}
 
 
-def leftovers() -> list[psutil.Process]:
-    """The processes under this one that are neither kept on purpose nor multiprocessing's helpers."""
+def existing() -> frozenset[tuple[int, float]]:
+    """The processes under this one now, as (pid, start time): what a sweep later leaves alone."""
+    if not _any_children():
+        return frozenset()
+    import psutil
+
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            found.add((proc.pid, proc.create_time()))
+    return frozenset(found)
+
+
+def leftovers(before: frozenset[tuple[int, float]] = frozenset()) -> list[psutil.Process]:
+    """The processes under this one that are neither kept on purpose nor multiprocessing's helpers,
+    nor among ``before`` (:func:`existing`)."""
     import psutil
 
     me = str(os.getpid())
@@ -57,7 +71,7 @@ def leftovers() -> list[psutil.Process]:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 parents[proc.pid] = proc.ppid()
                 found.append(proc)
-    kept = {p.pid for p in found if _environ(p).get(OUTLIVES) == me or _is_helper(p)}
+    kept = {p.pid for p in found if _environ(p).get(OUTLIVES) == me or _is_helper(p) or _in(p, before)}
 
     def under_kept(pid: int) -> bool:
         while pid in parents:
@@ -69,14 +83,14 @@ def leftovers() -> list[psutil.Process]:
     return [p for p in found if not under_kept(p.pid)]
 
 
-def end_leftovers(grace_s: float = GRACE_S) -> list[str]:
+def end_leftovers(grace_s: float = GRACE_S, before: frozenset[tuple[int, float]] = frozenset()) -> list[str]:
     """End :func:`leftovers`: SIGTERM, then SIGKILL to those still there after ``grace_s``; each as
     ``PID (command line)``."""
     if not _any_children():
         return []
     import psutil
 
-    found = leftovers()
+    found = leftovers(before)
     shown = [_shown(p) for p in found]
     for proc in found:
         with contextlib.suppress(psutil.Error):
@@ -90,16 +104,19 @@ def end_leftovers(grace_s: float = GRACE_S) -> list[str]:
 
 
 @contextlib.contextmanager
-def ended_after(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
+def ended_after(say: Callable[[str], None], *, new_only: bool = False) -> Iterator[Callable[[], None]]:
     """Around a command that runs stages: its leftovers ended as it ends, however it ends. It gives
-    what ends them now, for a way out that does not come back through here (``os._exit``)."""
+    what ends them now, for a way out that does not come back through here (``os._exit``).
+    ``new_only``: only what was started meanwhile (a run inside a flow of the user's, whose own
+    processes are not the run's)."""
+    before = existing() if new_only else frozenset()
     done: list[bool] = []
 
     def end() -> None:
         if done:
             return
         done.append(True)
-        ended = end_leftovers()
+        ended = end_leftovers(before=before)
         if ended:
             say(f"ended {len(ended)} process{'es' if len(ended) > 1 else ''} a task started and left running: "
                 f"{', '.join(ended)} (a task waits for what it starts, or runs it as a cmd stage)")
@@ -118,6 +135,15 @@ def _any_children() -> bool:
         return any(Path(f"/proc/self/task/{tid}/children").read_text().strip() for tid in threads)
     except OSError:
         return True
+
+
+def _in(proc: psutil.Process, before: frozenset[tuple[int, float]]) -> bool:
+    import psutil
+
+    try:
+        return (proc.pid, proc.create_time()) in before
+    except psutil.Error:
+        return False
 
 
 def _environ(proc: psutil.Process) -> dict[str, str]:
