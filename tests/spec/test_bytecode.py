@@ -55,6 +55,15 @@ def test_a_pyc_of_an_earlier_version_in_the_same_second_and_size_is_dropped(tmp_
     assert cached.exists()
 
 
+def test_a_pyc_older_than_a_source_written_with_its_mtime_put_back_is_dropped(tmp_path: Path) -> None:
+    """``tar x``, ``cp -p``, ``rsync -t``: new bytes, the second and size the pyc recorded."""
+    source, cached = _edited_in_the_second_compiled(tmp_path, 50)  # v1 compiled long after its second,
+    # then v2 written (now) with an mtime in that second
+    assert _imported(tmp_path) == "v1"  # Python's own check: the pyc of v1 runs for v2
+    assert drop_doubtful([source]) == [cached]
+    assert _imported(tmp_path) == "v2"
+
+
 def test_another_pythons_pyc_beside_it_is_dropped_too(tmp_path: Path) -> None:
     """A command's ``python3.12 scripts/x.py`` reads its own cache file of the module."""
     source, cached = _edited_in_the_second_compiled(tmp_path, 0.4)
@@ -64,7 +73,9 @@ def test_another_pythons_pyc_beside_it_is_dropped_too(tmp_path: Path) -> None:
 
 
 def test_pycs_python_checks_itself_or_written_after_the_second_are_kept(tmp_path: Path) -> None:
-    source, cached = _edited_in_the_second_compiled(tmp_path, 3.5)  # written well after: of v2 in truth
+    source, cached = _edited_in_the_second_compiled(tmp_path, 0.4)
+    now = time.time_ns() + 1_000_000_000
+    os.utime(cached, ns=(now, now))  # written well after the second, and after the source: of v2 in truth
     assert drop_doubtful([source]) == []
 
     second = int(source.stat().st_mtime)

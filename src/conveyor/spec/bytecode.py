@@ -11,9 +11,10 @@ would every later run, the file unchanged.
 
 A pyc can be of another version of a source that has its recorded second and size only if it was
 written within that second, or just after it (the compile that read the source then took that
-long): those are removed, and Python compiles the source again as the stage imports it (and caches
-the new bytecode). A pyc written later is of the source as it is, as is a hash-based one (Python
-compares the source's hash). Every Python's pyc of the file is looked at (a command may run
+long), or if the source was written after it with its old mtime put back (``tar x``, ``cp -p``,
+``rsync -t``: its ctime says so): those are removed, and Python compiles the source again as the
+stage imports it (and caches the new bytecode). Any other pyc is of the source as it is, as is a
+hash-based one (Python compares the source's hash). Every Python's pyc of the file is looked at (a command may run
 another version), each one ``stat`` and 16 bytes read. Installed packages are left alone: their
 installer compiled them as it wrote them, which only looks like this.
 """
@@ -71,4 +72,6 @@ def _doubtful(cached: Path, st: os.stat_result) -> bool:
     if header[8:12] != (second & 0xFFFFFFFF).to_bytes(4, "little") or \
             header[12:16] != (st.st_size & 0xFFFFFFFF).to_bytes(4, "little"):
         return False  # a Python sees the change itself
-    return written < (second + 1 + COMPILE_S) * 1_000_000_000  # else written after any version of that second
+    if written < (second + 1 + COMPILE_S) * 1_000_000_000:
+        return True  # written in the second of a version, or just after: of which one?
+    return st.st_ctime_ns > written  # the file written or replaced since, its mtime put back (tar, cp -p, rsync -t)
