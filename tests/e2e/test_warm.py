@@ -7,8 +7,10 @@ and after its idle time, and a changed environment gets a runner of its own."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import py_compile
 import signal
 import subprocess
 import sys
@@ -685,3 +687,22 @@ def test_a_child_keeps_conveyors_modules_only_while_their_files_are_unchanged(
     monkeypatch.setitem(warm_child.IMPORTED, str(module), warm_child._signature(str(module)))
     module.unlink()
     assert not warm_child._conveyor_unchanged()
+
+
+def test_a_child_reading_conveyor_anew_drops_bytecode_of_the_version_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit in the second the runner compiled the file, its size kept: Python would take the pyc."""
+    from conveyor.cli import warm_child
+
+    module = tmp_path / "module.py"
+    module.write_text("x = 1\n")
+    second = int(time.time()) - 100
+    os.utime(module, ns=(second * 10**9, second * 10**9))
+    cached = Path(importlib.util.cache_from_source(str(module)))
+    py_compile.compile(str(module), cfile=str(cached), doraise=True)
+    os.utime(cached, ns=(second * 10**9 + 4 * 10**8,) * 2)  # compiled in that second
+    monkeypatch.setattr(warm_child, "IMPORTED", {str(module): warm_child._signature(str(module))})
+    assert warm_child._doubtful_bytecode_dropped() == []  # unchanged: kept
+    module.write_text("x = 2\n")
+    os.utime(module, ns=(second * 10**9 + 7 * 10**8,) * 2)
+    assert warm_child._doubtful_bytecode_dropped() == [cached]

@@ -82,6 +82,14 @@ def _conveyor_unchanged() -> bool:
     return bool(IMPORTED) and all(_signature(path) == then for path, then in IMPORTED.items())
 
 
+def _doubtful_bytecode_dropped() -> list[Path]:
+    """Python's bytecode of the conveyor files changed since the runner read them, where it may be of
+    the version before (an edit in the second the runner compiled it: :mod:`conveyor.spec.bytecode`)."""
+    from conveyor.spec.bytecode import drop_doubtful
+
+    return drop_doubtful(Path(path) for path, then in IMPORTED.items() if _signature(path) != then)
+
+
 def settings_sources(here: Path) -> tuple[object, bool]:
     """The profiles file's signature (:func:`_signature`), and whether ``here`` holds a file Prefect reads
     settings from (prefect.toml, .env, a pyproject.toml with a [tool.prefect] table)."""
@@ -204,6 +212,7 @@ def _become(runner: int, fds: list[int], request: dict[str, Any], inherited: lis
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # as a fresh process's stdout would be
     if not _conveyor_unchanged():
+        _doubtful_bytecode_dropped()
         for name in [m for m in sys.modules if m == "conveyor" or m.startswith("conveyor.")]:
             del sys.modules[name]  # conveyor's code as it is on disk now, this module's included
     _libraries_here()
