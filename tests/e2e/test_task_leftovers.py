@@ -22,6 +22,8 @@ WORK = """
     import sys
     import time
 
+    import psutil
+
     NAP = "import time; time.sleep(600)"
     PARENT = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1]]); time.sleep(600)"
 
@@ -31,7 +33,8 @@ WORK = """
                    subprocess.Popen([sys.executable, "-c", PARENT, NAP], start_new_session=True)]  # with a child
         forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
         forked.start()  # never joined: multiprocessing's exit handler would wait for it at the run's end
-        time.sleep(0.5)  # the grandchild started
+        while not psutil.Process(started[1].pid).children():  # its child started
+            time.sleep(0.05)
         ctx.out().write_text(json.dumps([p.pid for p in started] + [forked.pid]))
 """
 
