@@ -22,7 +22,6 @@ installer compiled them as it wrote them, which only looks like this.
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib.util
 import os
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ def drop_doubtful(sources: Iterable[Path]) -> list[Path]:
     an earlier version of it (this Python's, and other versions' beside them: a command's ``python3.12``);
     return them."""
     dropped = []
+    listed: dict[Path, list[str]] = {}  # each __pycache__ folder read once
     for source in sources:
         if source.suffix != ".py" or {"site-packages", "dist-packages"} & set(source.parts):
             continue  # not Python, or installed (a task of an installed package): compiled once by its installer
@@ -43,7 +43,7 @@ def drop_doubtful(sources: Iterable[Path]) -> list[Path]:
             st = os.stat(source)
         except OSError:
             continue
-        for cached in _caches(source):
+        for cached in _caches(source, listed):
             if _doubtful(cached, st):
                 with contextlib.suppress(OSError):  # gone already, or a read-only project (whose code does not change)
                     os.unlink(cached)
@@ -51,9 +51,15 @@ def drop_doubtful(sources: Iterable[Path]) -> list[Path]:
     return dropped
 
 
-def _caches(source: Path) -> list[Path]:
+def _caches(source: Path, listed: dict[Path, list[str]]) -> list[Path]:
     """``source``'s pycs: this Python's (``PYTHONPYCACHEPREFIX`` heeded), and any other's in ``__pycache__``."""
-    found = sorted(source.parent.joinpath("__pycache__").glob(f"{glob.escape(source.stem)}.*.pyc"))
+    folder = source.parent / "__pycache__"
+    if folder not in listed:
+        try:
+            listed[folder] = sorted(os.listdir(folder))
+        except OSError:
+            listed[folder] = []
+    found = [folder / name for name in listed[folder] if name.startswith(f"{source.stem}.") and name.endswith(".pyc")]
     with contextlib.suppress(NotImplementedError, ValueError):
         mine = Path(importlib.util.cache_from_source(str(source)))
         found = [mine, *(path for path in found if path != mine)]
