@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import psutil
@@ -92,3 +95,45 @@ def test_in_a_flow_of_the_users_what_the_run_left_ends_and_what_the_flow_started
     pids = json.loads((project.root / "data/pids.json").read_text())
     assert [pid for pid in pids if _running(pid)] == []
     assert "ended 4 processes a task started and left running: " in done.stdout + done.stderr
+
+
+HOLD = """
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+
+    def hold(ctx):
+        started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path(ctx.root / "started.pid").write_text(str(started.pid))
+        time.sleep(600)
+"""
+
+
+def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_project: Callable[[], Project]) -> None:
+    """kill -9 of the run (or the OOM killer): nothing of it can end what its tasks started; the next
+    command, which settles the killed run's record, does."""
+    project = make_project()
+    project.write("configs/pipeline.yaml", "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n")
+    project.write("tasks/__init__.py", "")
+    project.write("tasks/work.py", HOLD)
+    run = project.popen("run")
+    try:
+        deadline = time.monotonic() + 120
+        while not (project.root / "started.pid").exists():
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0]
+            time.sleep(0.05)
+        os.kill(project.run_pid(run), signal.SIGKILL)
+        run.wait(60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    started = int((project.root / "started.pid").read_text())
+    assert _running(started)  # the kill left it
+
+    status = project.conveyor("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "the last run" in status.stderr and "was killed while hold ran" in status.stderr, status.stderr
+    assert f"ended 1 process the killed run had left running: {started} (" in status.stderr, status.stderr
+    assert not _running(started)

@@ -185,11 +185,13 @@ def _recompiled_note(project: Project) -> str | None:
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
     """Run the session's due stages as a Prefect flow: on the configured server, else a temporary one."""
     from conveyor.errors import PrefectServerGone
+    from conveyor.run.leftovers import mark_run
     from conveyor.run.record import begin, close_before_flow, fail_run
 
     # "running" from here on, before a temporary server starts (seconds): a run killed even
     # then leaves a record, which the next command settles as interrupted
     begin(project, session.selected, run_id, session.options.overrides).write(project.root)
+    mark_run(run_id)  # what its tasks start carries its id: the next command ends it, were this one killed
     try:
         return _flow_on_server(project, session, run_id, verbose)
     except PrefectServerGone as exc:  # the stages keep their outcome; the run failed for the server

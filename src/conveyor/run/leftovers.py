@@ -16,8 +16,11 @@ process still under it is a leftover of its tasks, but for
   the process by themselves.
 
 Each leftover gets SIGTERM, then SIGKILL after :data:`GRACE_S`, and the command says which, in one
-line. A process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``)
-is init's by then: out of reach, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
+line. A ``conveyor run`` killed before it could (``kill -9``, the OOM killer) leaves them to the next
+command in the project, which settles the killed run's record: a run's process puts the run's id in
+its environment (:data:`RUN`), which what its tasks start inherits (:func:`end_killed_runs`). A
+process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``) is
+init's by then: out of reach here, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     import psutil
 
 OUTLIVES = "CONVEYOR_OUTLIVES"
+RUN = "CONVEYOR_RUN_ID"  # as a cmd stage's commands get it (conveyor.run.stage)
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
 _HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "loky.backend.resource_tracker",
             "loky.backend.popen_loky")
@@ -88,9 +92,34 @@ def end_leftovers(grace_s: float = GRACE_S, before: frozenset[tuple[int, float]]
     ``PID (command line)``."""
     if not _any_children():
         return []
+    return _end(leftovers(before), grace_s)
+
+
+def mark_run(run_id: str) -> None:
+    """In a run's process: the processes its tasks start carry the run's id (:data:`RUN`), for a
+    later command to end them should this process be killed before it could (:func:`end_killed_runs`)."""
+    os.environ[RUN] = run_id
+
+
+def end_killed_runs(run_id: str, grace_s: float = GRACE_S) -> list[str]:
+    """What the run ``run_id``, killed (``kill -9``, the OOM killer) before it could end its tasks'
+    leftovers, left running: the user's processes started with its id and not kept on purpose. A
+    process a task forked without an exec is not found (its environment is its parent's start's)."""
     import psutil
 
-    found = leftovers(before)
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # another user's, or gone meanwhile
+            env = proc.environ()
+            if env.get(RUN) == run_id and OUTLIVES not in env and proc.pid != os.getpid() \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return _end(found, grace_s)
+
+
+def _end(found: list[psutil.Process], grace_s: float) -> list[str]:
+    import psutil
+
     shown = [_shown(p) for p in found]
     for proc in found:
         with contextlib.suppress(psutil.Error):
