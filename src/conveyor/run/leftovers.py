@@ -8,7 +8,8 @@ stopped what it started itself (clusters, a temporary Prefect server, the stages
 process still under it is a leftover of its tasks, but for
 
 - what conveyor starts to outlive the command (a kept Prefect server, a warm runner): started with
-  :data:`OUTLIVES` in its environment naming the process that started it (:func:`outliving`), which
+  :data:`OUTLIVES` in its environment naming the process that started it, by its pid and start
+  (:func:`outliving`), which
   the processes it starts inherit. A process forked without an exec shows the environment its
   process was started with, never this one's pid: a task's fork of a run a warm runner forked is ended;
 - Python's multiprocessing helpers (its resource tracker, loky's, a forkserver) and joblib's
@@ -43,7 +44,17 @@ _HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "l
 
 def outliving(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a process this one starts to outlive it (never ended as a leftover)."""
-    return {**env, OUTLIVES: str(os.getpid())}
+    return {**env, OUTLIVES: _me()}
+
+
+def _me() -> str:
+    """This process: its pid and its start (in clock ticks since boot), which a later process given the
+    same pid does not share."""
+    try:
+        started = Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        started = ""
+    return f"{os.getpid()}.{started}"
 
 
 def existing() -> frozenset[tuple[int, float]]:
@@ -64,7 +75,7 @@ def leftovers(before: frozenset[tuple[int, float]] = frozenset()) -> list[psutil
     nor among ``before`` (:func:`existing`)."""
     import psutil
 
-    me = str(os.getpid())
+    me = _me()
     try:
         under = psutil.Process().children(recursive=True)
     except psutil.Error:
