@@ -9,9 +9,9 @@ process still under it is a leftover of its tasks, but for
 
 - what conveyor starts to outlive the command (a kept Prefect server, a warm runner): started with
   :data:`OUTLIVES` in its environment naming the process that started it, by its pid and start
-  (:func:`outliving`), which
-  the processes it starts inherit. A process forked without an exec shows the environment its
-  process was started with, never this one's pid: a task's fork of a run a warm runner forked is ended;
+  (:func:`outliving`), which the processes it starts inherit. A process forked without an exec
+  shows the environment its process was started with, never this one's: a task's fork of a run a
+  warm runner forked is ended;
 - Python's multiprocessing helpers (its resource tracker, loky's, a forkserver) and joblib's
   reusable workers (scikit-learn's ``n_jobs``: kept for the next call, by design), which end with
   the process by themselves.
