@@ -186,6 +186,8 @@ class Scorer:
 
 def load_scorer(root: Path, spec: ModelSpec, model: ModelVersion) -> Scorer:
     """Import the project's predict (and load) functions and load ``model`` once."""
+    modules = {ref.partition(":")[0] for ref in (spec.predict, spec.load) if ref}
+    drop_doubtful({path for m in modules for path in local_sources(root, m, [m.partition(".")[0]])})  # spec.bytecode
     predict = _function(root, spec.predict, "predict")
     files = dict(model.files)
     state = _function(root, spec.load, "load")(files) if spec.load else files
@@ -195,7 +197,6 @@ def load_scorer(root: Path, spec: ModelSpec, model: ModelVersion) -> Scorer:
 def _function(root: Path, ref: str, key: str) -> Callable[..., Any]:
     ensure_importable(root)
     module, _, name = ref.partition(":")
-    drop_doubtful(local_sources(root, module, [module.partition(".")[0]]))  # conveyor.spec.bytecode
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
