@@ -49,11 +49,16 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_processes_a_task_left_running_end_with_the_run_and_with_exec(make_project: Callable[[], Project]) -> None:
+def _project(make_project: Callable[[], Project], spec: str, work: str) -> Project:
     project = make_project()
-    project.write("configs/pipeline.yaml", SPEC)
+    project.write("configs/pipeline.yaml", spec)
     project.write("tasks/__init__.py", "")
-    project.write("tasks/work.py", WORK)
+    project.write("tasks/work.py", work)
+    return project
+
+
+def test_processes_a_task_left_running_end_with_the_run_and_with_exec(make_project: Callable[[], Project]) -> None:
+    project = _project(make_project, SPEC, WORK)
     for command in (["run"], ["exec", "spawn"]):  # `dvc repro` calls `conveyor exec`
         done = project.conveyor(*command, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -83,10 +88,7 @@ mine()
 def test_in_a_flow_of_the_users_what_the_run_left_ends_and_what_the_flow_started_before_stays(
         make_project: Callable[[], Project]) -> None:
     """A deployment's flow calling conveyor.run_stages: the flow's own processes are not the run's."""
-    project = make_project()
-    project.write("configs/pipeline.yaml", SPEC)
-    project.write("tasks/__init__.py", "")
-    project.write("tasks/work.py", WORK)
+    project = _project(make_project, SPEC, WORK)
     done = subprocess.run([sys.executable, "-c", FLOW], cwd=project.root, env=project.env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -114,10 +116,7 @@ HOLD = """
 def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_project: Callable[[], Project]) -> None:
     """kill -9 of the run (or the OOM killer): nothing of it can end what its tasks started; the next
     command, which settles the killed run's record, does."""
-    project = make_project()
-    project.write("configs/pipeline.yaml", "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n")
-    project.write("tasks/__init__.py", "")
-    project.write("tasks/work.py", HOLD)
+    project = _project(make_project, "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n", HOLD)
     run = project.popen("run")
     try:
         deadline = time.monotonic() + 120
