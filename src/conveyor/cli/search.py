@@ -79,13 +79,11 @@ def search(
     except ImportError:
         raise UsageError("conveyor search proposes trials with Optuna, which is not installed here: "
                          "pip install 'conveyor[search]' (or pip install optuna)") from None
-    from conveyor.run.leftovers import ended_after
     from conveyor.run.record import new_run_id
     from conveyor.run.search import run_search
 
     warn = partial(err.print, style="yellow", highlight=False, soft_wrap=True)
-    with ended_after(warn):  # what trials' tasks started and left running
-        outcomes = run_search(project, wanted, new_run_id(), _View(), swaps=swaps, heard=_heard, warn=warn)
+    outcomes = run_search(project, wanted, new_run_id(), _View(), swaps=swaps, heard=_heard, warn=warn)
     out.print(summary(project, wanted, outcomes), highlight=False, markup=False, crop=False, soft_wrap=True)
     if outcomes.stopped is not None:
         _stopped(project, wanted, outcomes)

@@ -3,7 +3,7 @@
 A ``cmd`` stage's commands run under a guard that ends whatever they leave (:mod:`conveyor.run.guard`).
 A task runs in conveyor's own process, and what it starts, a ``subprocess.Popen`` never waited for,
 a ``multiprocessing.Process`` never joined, a server it meant to stop, is still that process's
-after the task returned. So once a command that runs stages (``run``, ``exec``, ``search``) has
+after the task returned. So once a command that runs stages (``run``, ``exec``) has
 stopped what it started itself (clusters, a temporary Prefect server, the stages' commands), every
 process still under it is a leftover of its tasks, but for
 
