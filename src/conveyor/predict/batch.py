@@ -217,11 +217,12 @@ class _Stall:
         self.limits()  # while the workers are there to say
 
     def result(self, future: Any, index: int) -> Any:
-        while True:
-            try:
-                return future.result(timeout=self.POLL_S)
-            except TimeoutError:
-                self._check(index)
+        # Waits on the futures' done callbacks, then asks once, without a timeout: distributed's
+        # `result(timeout=)` runs under `asyncio.timeout`, whose expiry racing the gather has once
+        # leaked a bare CancelledError past `distributed.utils.sync` (an UnboundLocalError).
+        while not self.done.wait(future, self.POLL_S):
+            self._check(index)
+        return future.result()
 
     def _check(self, index: int) -> None:
         now = time.monotonic()
@@ -270,18 +271,26 @@ def _counts(worker: Mapping[str, Any]) -> Mapping[str, int]:
 
 
 class _Counter:
+    """The partitions scored so far (each future's done callback ticks it), and a wait on one."""
+
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total, self.done, self.progress = total, 0, progress
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         if progress is not None:
             progress(0, total)
 
     def tick(self, _future: Any) -> None:
-        with self._lock:
+        with self._changed:
             self.done += 1
             done = self.done
+            self._changed.notify_all()
         if self.progress is not None:
             self.progress(done, self.total)
+
+    def wait(self, future: Any, timeout: float) -> bool:
+        """Whether ``future`` is done, waiting up to ``timeout`` seconds for it."""
+        with self._changed:
+            return bool(self._changed.wait_for(future.done, timeout))
 
 
 # --------------------------------------------------------------------------- on a worker
