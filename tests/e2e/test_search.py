@@ -170,7 +170,7 @@ def test_ctrl_c_stops_a_search_and_the_same_command_continues_it_to_its_trials(
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
     screen = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, screen
-    assert "Traceback" not in screen
+    assert "Traceback" not in screen, screen
     assert re.search(r"interrupted \(SIGINT\): stopped fit@trial-\d, fit@trial-\d \(recorded interrupted\); "
                      r"2 of 6 trials done: the same command continues the search", screen), screen
     assert not project.left_running(grace_s=10), "a trial outlived the interrupted search"

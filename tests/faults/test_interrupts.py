@@ -133,7 +133,7 @@ def test_ctrl_c_in_a_terminal_stops_stages_blocked_in_c_calls_at_once(
     assert code == 130, screen[-3000:]
     assert took < 20, f"Ctrl-C took {took:.0f}s to stop the run"
     assert "interrupted (SIGINT): stopped a, b (previous outs kept)" in screen, screen[-3000:]
-    assert "Traceback" not in screen
+    assert "Traceback" not in screen, screen
     assert_nothing_lost(project)
     record = project.record()
     assert record["status"] == "interrupted"
@@ -178,7 +178,7 @@ def test_ctrl_c_while_the_temporary_server_starts_records_the_run_interrupted(
     code, screen, _ = read_until_exit(pid, fd, timeout_s=60)
     assert code == 130, screen[-3000:]
     assert "interrupted (SIGINT): no stage was running" in screen, screen[-3000:]
-    assert "Traceback" not in screen
+    assert "Traceback" not in screen, screen
     assert_nothing_lost(project)
     record = project.record()
     assert record["status"] == "interrupted", record
