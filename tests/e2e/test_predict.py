@@ -56,8 +56,9 @@ def test_a_file_bigger_than_a_worker_is_scored_in_partitions_in_order(linear_pro
     assert "(latest run)" in scored.stdout  # no champion promoted: the project's own model files
     partitions = int(scored.stdout.split(" rows in ")[1].split()[0])
     assert partitions >= 8
-    stderr = scored.stderr.lower()
-    assert "restart" not in stderr and "killed" not in stderr and "pausing" not in stderr, scored.stderr
+    # no worker paused or restarted: Dask would have said so in the job's log (named on stderr)
+    said = "".join(p.read_text() for p in linear_project.root.glob(".conveyor/predict/*.log")).lower()
+    assert "restart" not in said and "killed" not in said and "pausing" not in said, said
 
     out = pq.ParquetFile(linear_project.root / "scores.parquet")
     assert out.schema_arrow.names == ["key", "score"] and out.metadata.num_rows == rows
@@ -88,6 +89,12 @@ def test_workers_too_small_for_a_partition_end_the_job_saying_so_instead_of_wait
     assert last.startswith("scoring partition ") and "160 MiB each" in last, small.stderr
     assert last.endswith("give the workers more memory (--memory-limit, or the profile's) or the partitions "
                           "less (--partition-size)"), last
+    # Dask's own lines (workers paused, restarted) are in the job's log, named in one line, not on the terminal
+    assert "distributed." not in small.stderr, small.stderr
+    named = small.stderr.strip().splitlines()[-2]
+    assert named.startswith("Dask's messages (") and named.endswith(".log"), small.stderr
+    log = linear_project.root / named.split("): ")[1]
+    assert log.parent == linear_project.root / ".conveyor/predict" and "memory" in log.read_text()
     assert (linear_project.root / "scores.parquet").read_bytes() == b"previous scores"
     assert not list(linear_project.root.glob(".scores.parquet*"))
     assert not linear_project.left_running()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from conveyor.cli import signals
 from conveyor.cli.common import SpecOption, app, err, out, project_of
@@ -51,15 +54,71 @@ def predict(
     profiles, name = batch.options_of(project, profile, workers, memory_limit)
     job, frame = batch.plan(project, model, input_, output, id_column=id_column, allow_extra=allow_extra,
                             blocksize=blocksize)
-    bar = Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
-                   TimeElapsedColumn(), console=err, transient=True)
-    task = bar.add_task("scoring", total=None)
-    with Profiles(profiles) as started, bar:
-        client = started.get(name).client
-        assert client is not None  # options_of refuses thread pools
-        scored = batch.run(job, frame, project.root, client, owned=name == batch.SWARM,
-                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    log = _job_log(project.root)
+    try:
+        with _captured(log) as terminal:
+            bar = Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
+                           TimeElapsedColumn(), console=terminal, transient=True)
+            task = bar.add_task("scoring", total=None)
+            with Profiles(profiles) as started, bar:
+                client = started.get(name).client
+                assert client is not None  # options_of refuses thread pools
+                scored = batch.run(job, frame, project.root, client, owned=name == batch.SWARM,
+                                   progress=lambda done, total: bar.update(task, completed=done, total=total))
+    finally:
+        _point_at(log, project.root)
     out.print(batch.describe(scored), highlight=False, soft_wrap=True)
+
+
+KEPT_LOGS = 20
+
+
+def _job_log(root: Path) -> Path | None:
+    """``.conveyor/predict/<UTC time>-<id>.log``, where Dask's messages of the job go (its workers
+    paused, restarted at their memory limit, ...): the newest 20 jobs' are kept. None where the
+    project cannot be written (a read-only checkout scores all the same, Dask's lines on stderr)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from conveyor.workspace import state_dir
+
+    try:
+        folder = state_dir(root) / "predict"
+        folder.mkdir(exist_ok=True)
+        for old in sorted(folder.glob("*.log"))[:-(KEPT_LOGS - 1)]:
+            old.unlink(missing_ok=True)
+        path = folder / f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.log"
+        path.touch()
+    except OSError:
+        return None
+    return path
+
+
+@contextmanager
+def _captured(log: Path | None) -> Iterator[Console]:
+    """What the job's Dask workers and libraries print goes to ``log``; yields the terminal."""
+    if log is None:
+        yield err
+        return
+    from conveyor.run.capture import capture_output
+
+    with capture_output(log) as terminal:
+        yield terminal
+
+
+def _point_at(log: Path | None, root: Path) -> None:
+    """One line naming the job's log where Dask said something there; an empty one is removed."""
+    if log is None:
+        return
+    try:
+        lines = len(log.read_text(encoding="utf-8", errors="replace").splitlines())
+        if not lines:
+            log.unlink()
+            return
+    except OSError:
+        return
+    err.print(f"Dask's messages ({lines} line{'s' if lines > 1 else ''}): {log.relative_to(root)}",
+              style="dim", highlight=False, soft_wrap=True)
 
 
 def _is_size(text: str) -> bool:
