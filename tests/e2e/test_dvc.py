@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -338,11 +339,16 @@ outs:
 
 
 def test_an_import_whose_repository_cannot_be_reached_fails_the_run_in_dvcs_words(
-        make_project: Callable[[], Project]) -> None:
+        make_project: Callable[[], Project], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`dvc import`ed data that changed is verified against the repository it came from (DVC's example
     project's data.xml, offline): that repository gone, the run stops in one line, as `dvc repro` does."""
     project = make_project()
     project.init_dvc()
+    # DVC leaves the empty temporary folder of the clone that failed (tmpXXXXdvc-clone): in the test's own
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # `dvc repro` runs in this process
+    project.env["TMPDIR"] = str(scratch)
     project.write("data.txt", "new\n")
     project.write("data.txt.dvc", IMPORTED)
     project.write("dvc.yaml", "stages:\n  copy: {cmd: cp data.txt out.txt, deps: [data.txt], outs: [out.txt]}\n")
