@@ -98,7 +98,7 @@ def test_a_c_call_is_abandoned_after_the_grace() -> None:
     def blocked() -> None:
         try:
             with Watchdog(0.1, on_stuck=gave_up.set, grace_s=0.2):
-                time.sleep(1.5)  # one C call: the exception lands only when it returns
+                time.sleep(3.0)  # one C call: the exception lands only when it returns
         except BaseException as exc:  # what the thread sees, once the call returns
             caught.append(exc)
 
@@ -106,7 +106,8 @@ def test_a_c_call_is_abandoned_after_the_grace() -> None:
     t0 = time.monotonic()
     thread.start()
     assert gave_up.wait(5)
-    assert time.monotonic() - t0 < 1.2  # given up on while the call still runs
+    # given up on while the call still runs (at ~0.3 s; the call's 3 s leave a loaded machine room)
+    assert thread.is_alive() and time.monotonic() - t0 < 2.5
     assert thread in stuck()  # the process must not wait for it
     thread.join(5)
     assert [type(e) for e in caught] == [TaskTimedOut]  # pending: nothing after the call runs
