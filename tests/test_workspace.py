@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,3 +91,35 @@ def test_the_lock_is_released_after_a_run_and_after_a_failure(tmp_path: Path) ->
         raise RuntimeError("stage failed")
     assert take_lock(tmp_path).returncode == 0
     assert (tmp_path / ".conveyor" / "run.lock").read_text() == ""
+
+
+FORK_THEN_WAIT = """
+import multiprocessing, sys, time
+from pathlib import Path
+from conveyor.workspace import run_lock
+with run_lock(Path(sys.argv[1])):
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))  # a task's fork
+    child.start()
+    print(child.pid, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_fork_of_the_run_does_not_keep_the_lock_once_the_run_is_killed(tmp_path: Path) -> None:
+    """A flock belongs to the open file, which a fork's copy of the descriptor keeps open: a task's
+    multiprocessing child that outlived its run killed by kill -9 locked the project out for as long
+    as it lived ("a run is in progress"), and the next command could not settle the run or end it."""
+    with subprocess.Popen([sys.executable, "-c", FORK_THEN_WAIT, str(tmp_path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as run:
+        assert run.stdout is not None
+        child = int(run.stdout.readline())
+        try:
+            assert run_holder(tmp_path) == run.pid
+            run.kill()
+            run.wait(10)
+            os.kill(child, 0)  # the fork lives on
+            assert run_holder(tmp_path) is None
+            with run_lock(tmp_path):
+                pass
+        finally:
+            os.kill(child, signal.SIGKILL)

@@ -155,9 +155,33 @@ def run_holder(root: Path) -> int | None:
         return None
 
 
+_HELD: set[int] = set()  # the descriptors of the run locks this process holds
+
+
+def _not_in_forks() -> None:
+    """In a child forked without an exec (a task's ``multiprocessing`` fork): the run lock is its
+    parent's. A flock belongs to the open file, which the child's copy of the descriptor keeps
+    open: were the parent killed, the project would stay locked for as long as the child lives. The
+    copy is pointed at /dev/null (not closed: its number stays the file object's in the child)."""
+    if not _HELD:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        for fd in _HELD:
+            os.dup2(null, fd, inheritable=False)
+        os.close(null)
+    except OSError:
+        pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_not_in_forks)
+
+
 @contextmanager
 def run_lock(root: Path) -> Iterator[None]:
-    """Hold the project's run lock; a second concurrent run fails at once with a clear message."""
+    """Hold the project's run lock; a second concurrent run fails at once with a clear message.
+    A process forked from this one (without an exec) does not hold it (:func:`_not_in_forks`)."""
     path = state_dir(root) / "run.lock"
     with writing(path):
         fh = path.open("a+")
@@ -178,9 +202,11 @@ def run_lock(root: Path) -> Iterator[None]:
             fh.seek(0)
             fh.truncate()
             os.write(fh.fileno(), str(command_pid()).encode())
+        _HELD.add(fh.fileno())
         try:
             yield
         finally:
+            _HELD.discard(fh.fileno())
             fh.seek(0)
             fh.truncate()
             fcntl.flock(fh, fcntl.LOCK_UN)
