@@ -100,6 +100,7 @@ def test_in_a_flow_of_the_users_what_the_run_left_ends_and_what_the_flow_started
 
 
 HOLD = """
+    import multiprocessing
     import subprocess
     import sys
     import time
@@ -108,7 +109,10 @@ HOLD = """
 
     def hold(ctx):
         started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        Path(ctx.root / "started.pid").write_text(str(started.pid))
+        # a fork without an exec: its environment is that of the process the run was forked from
+        forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+        forked.start()
+        Path(ctx.root / "started.pid").write_text(f"{started.pid} {forked.pid}")
         time.sleep(600)
 """
 
@@ -128,11 +132,14 @@ def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_p
     finally:
         if run.poll() is None:
             run.kill()
-    started = int((project.root / "started.pid").read_text())
-    assert _running(started)  # the kill left it
+    started = [int(pid) for pid in (project.root / "started.pid").read_text().split()]
+    assert all(_running(pid) for pid in started)  # the kill left them
 
     status = project.conveyor("status")
     assert status.returncode == 0, status.stdout + status.stderr
     assert "the last run" in status.stderr and "was killed while hold ran" in status.stderr, status.stderr
-    assert f"ended 1 process the killed run had left running: {started} (" in status.stderr, status.stderr
-    assert not _running(started)
+    said = next(line for line in status.stderr.splitlines() if "the killed run had left running" in line)
+    assert said.startswith("ended 2 processes the killed run had left running: ") \
+        and all(f"{pid} (" in said for pid in started), status.stderr
+    assert not any(_running(pid) for pid in started)
+    assert not list((project.root / ".conveyor/runs").glob("*.session"))  # what named its session went with it

@@ -19,7 +19,9 @@ process still under it is a leftover of its tasks, but for
 Each leftover gets SIGTERM, then SIGKILL after :data:`GRACE_S`, and the command says which, in one
 line. A ``conveyor run`` killed before it could (``kill -9``, the OOM killer) leaves them to the next
 command in the project, which settles the killed run's record: a run's process puts the run's id in
-its environment (:data:`RUN`), which what its tasks start inherits (:func:`end_killed_runs`). A
+its environment (:data:`RUN`), which what its tasks start inherits, and a run a warm runner forked
+leads a session of its own, which what its tasks fork without an exec stays in (its pid and start
+are written beside the run's record until it ends: :func:`mark_run`, :func:`end_killed_runs`). A
 process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``) is
 init's by then: out of reach here, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
 """
@@ -106,26 +108,72 @@ def end_leftovers(grace_s: float = GRACE_S, before: frozenset[tuple[int, float]]
     return _end(leftovers(before), grace_s)
 
 
-def mark_run(run_id: str) -> None:
+def mark_run(run_id: str, session_file: Path) -> None:
     """In a run's process: the processes its tasks start carry the run's id (:data:`RUN`), for a
-    later command to end them should this process be killed before it could (:func:`end_killed_runs`)."""
+    later command to end them should this process be killed before it could (:func:`end_killed_runs`).
+    A process a task forks without an exec shows the environment its parent started with, not this
+    one's; when this process leads a session of its own (a run a warm runner forked), such forks stay
+    in it: ``session_file`` gets this process's pid and start, for the run's end to remove."""
     os.environ[RUN] = run_id
+    if os.getsid(0) == os.getpid():
+        with contextlib.suppress(OSError):  # a full disk: only the forks of a killed run go unfound
+            session_file.write_text(_me(), encoding="utf-8")
 
 
-def end_killed_runs(run_id: str, grace_s: float = GRACE_S) -> list[str]:
+def end_killed_runs(run_id: str, session_file: Path, grace_s: float = GRACE_S) -> list[str]:
     """What the run ``run_id``, killed (``kill -9``, the OOM killer) before it could end its tasks'
-    leftovers, left running: the user's processes started with its id and not kept on purpose. A
-    process a task forked without an exec is not found (its environment is its parent's start's)."""
+    leftovers, left running: the user's processes started with its id, and those still in its session
+    (``session_file``, :func:`mark_run`), but what is kept on purpose."""
     import psutil
 
+    session = _dead_session(session_file)
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):  # another user's, or gone meanwhile
+            if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
             env = proc.environ()
-            if env.get(RUN) == run_id and OUTLIVES not in env and proc.pid != os.getpid() \
-                    and proc.status() != psutil.STATUS_ZOMBIE:
+            started = env.get(RUN) == run_id and OUTLIVES not in env
+            # a fork shows the environment its process started with: a warm runner's, which names
+            # who started that runner to outlive it, never this run (what this run kept names it)
+            forked = session is not None and _in_session(proc.pid, session) and env.get(OUTLIVES) != session[0]
+            if started or forked:
                 found.append(proc)
+    session_file.unlink(missing_ok=True)
     return _end(found, grace_s)
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """A process's session and start (clock ticks since boot), from /proc; None once it is gone or a
+    zombie (a killed run its runner has not reaped yet)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return None if fields[0] == "Z" else (int(fields[3]), int(fields[19]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _dead_session(session_file: Path) -> tuple[str, int, int, float] | None:
+    """The killed run's session as (the run as :func:`_me` names it, the session's id, the run's start,
+    the start of a later process given the run's pid, if any: what started after that may be in that
+    one's session), None if none."""
+    try:
+        named = session_file.read_text(encoding="utf-8").strip()
+        pid, _, start = named.partition(".")
+        leader, began = int(pid), int(start)
+    except (OSError, ValueError):
+        return None
+    now = _stat(leader)
+    if now is None:
+        return named, leader, began, float("inf")
+    if now[1] == began:  # the run's process is there after all: not a killed run's leftovers
+        return None
+    return named, leader, began, now[1]
+
+
+def _in_session(pid: int, session: tuple[str, int, int, float]) -> bool:
+    found = _stat(pid)
+    return found is not None and found[0] == session[1] and session[2] <= found[1] < session[3]
 
 
 def _end(found: list[psutil.Process], grace_s: float) -> list[str]:
