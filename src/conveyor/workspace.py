@@ -155,11 +155,22 @@ def run_holder(root: Path) -> int | None:
         return None
 
 
-_HELD: set[int] = set()  # the descriptors of the run locks this process holds
+_HELD: set[int] = set()  # the descriptors of the locks this process holds for a run
+
+
+@contextmanager
+def kept_from_forks(fd: int) -> Iterator[None]:
+    """While this process holds a lock on ``fd`` (a flock: the run lock, DVC's), a child it forks
+    without an exec does not keep it (:func:`_not_in_forks`)."""
+    _HELD.add(fd)
+    try:
+        yield
+    finally:
+        _HELD.discard(fd)
 
 
 def _not_in_forks() -> None:
-    """In a child forked without an exec (a task's ``multiprocessing`` fork): the run lock is its
+    """In a child forked without an exec (a task's ``multiprocessing`` fork): the run's locks are its
     parent's. A flock belongs to the open file, which the child's copy of the descriptor keeps
     open: were the parent killed, the project would stay locked for as long as the child lives. The
     copy is pointed at /dev/null (not closed: its number stays the file object's in the child)."""
@@ -202,11 +213,10 @@ def run_lock(root: Path) -> Iterator[None]:
             fh.seek(0)
             fh.truncate()
             os.write(fh.fileno(), str(command_pid()).encode())
-        _HELD.add(fh.fileno())
         try:
-            yield
+            with kept_from_forks(fh.fileno()):
+                yield
         finally:
-            _HELD.discard(fh.fileno())
             fh.seek(0)
             fh.truncate()
             fcntl.flock(fh, fcntl.LOCK_UN)

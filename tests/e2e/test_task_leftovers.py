@@ -119,8 +119,11 @@ HOLD = """
 
 def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_project: Callable[[], Project]) -> None:
     """kill -9 of the run (or the OOM killer): nothing of it can end what its tasks started; the next
-    command, which settles the killed run's record, does."""
+    command, which settles the killed run's record, does. The task's fork kept neither the run lock
+    nor DVC's meanwhile: DVC answers at once, and the next command can settle the run."""
     project = _project(make_project, "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n", HOLD)
+    project.init_dvc()
+    assert project.conveyor("compile").returncode == 0  # dvc.lock is the record: the run holds DVC's lock
     run = project.popen("run")
     try:
         deadline = time.monotonic() + 120
@@ -134,6 +137,8 @@ def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_p
             run.kill()
     started = [int(pid) for pid in (project.root / "started.pid").read_text().split()]
     assert all(_running(pid) for pid in started)  # the kill left them
+    dvc = project.sh("dvc", "status", check=False)
+    assert dvc.returncode == 0 and "hold" in dvc.stdout, dvc.stdout + dvc.stderr  # not "Unable to acquire lock"
 
     status = project.conveyor("status")
     assert status.returncode == 0, status.stdout + status.stderr

@@ -25,7 +25,7 @@ from conveyor.dvc.lockfile import LockWriter
 from conveyor.dvc.missing import changed_with_data, pull_missing_deps, pull_run_cache, pulled_instead
 from conveyor.dvc.reasons import params_changed, reason, rel_to, stage_status
 from conveyor.dvc.restore import checkout_recorded, damage, set_aside
-from conveyor.dvc.rwlock import running_dvc
+from conveyor.dvc.rwlock import kept_from_forks_of_the_run, running_dvc
 from conveyor.dvc.stamps import Stamps
 from conveyor.dvc.vouched import outs_match
 from conveyor.errors import UNWRITABLE, RunLockedError, UnwritableError, UsageError
@@ -112,6 +112,7 @@ class DvcRecord:
             raise RunLockedError(f"another DVC or conveyor process holds {self.project.root / '.dvc/tmp/lock'}:"
                                  " wait for it to finish (dvc repro, dvc exp run, conveyor run), then run again"
                                  ) from exc
+        held.enter_context(kept_from_forks_of_the_run(self.repo))
         busy = running_dvc(self.project.root)
         if busy:
             with self._mutex:
