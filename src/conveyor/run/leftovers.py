@@ -260,4 +260,6 @@ def _shown(proc: psutil.Process) -> str:
         line = " ".join(proc.cmdline())
     except psutil.Error:
         line = "?"
+    if "conveyor.cli.warm_runner" in line:  # a fork of a run a warm runner forked shows the runner's
+        line = "forked by a task, without an exec"
     return f"{proc.pid} ({line[:60]}{'...' if len(line) > 60 else ''})"
