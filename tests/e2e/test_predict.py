@@ -92,8 +92,8 @@ def test_workers_too_small_for_a_partition_end_the_job_saying_so_instead_of_wait
     # Dask's own lines (workers paused, restarted) are in the job's log, named in one line, not on the terminal
     assert "distributed." not in small.stderr, small.stderr
     named = small.stderr.strip().splitlines()[-2]
-    assert named.startswith("Dask's messages (") and named.endswith(".log"), small.stderr
-    log = linear_project.root / named.split("): ")[1]
+    assert named.startswith("the job's log: .conveyor/predict/") and "from Dask and the scorer)" in named, small.stderr
+    log = linear_project.root / named.split()[3]
     assert log.parent == linear_project.root / ".conveyor/predict" and "memory" in log.read_text()
     assert (linear_project.root / "scores.parquet").read_bytes() == b"previous scores"
     assert not list(linear_project.root.glob(".scores.parquet*"))

@@ -96,7 +96,8 @@ def _job_log(root: Path) -> Path | None:
 
 @contextmanager
 def _captured(log: Path | None) -> Iterator[Console]:
-    """What the job's Dask workers and libraries print goes to ``log``; yields the terminal."""
+    """What the job's processes print (Dask's workers, the scorer, libraries) goes to ``log``; yields
+    the terminal."""
     if log is None:
         yield err
         return
@@ -107,7 +108,7 @@ def _captured(log: Path | None) -> Iterator[Console]:
 
 
 def _point_at(log: Path | None, root: Path) -> None:
-    """One line naming the job's log where Dask said something there; an empty one is removed."""
+    """One line naming the job's log where something was said there; an empty one is removed."""
     if log is None:
         return
     try:
@@ -117,8 +118,8 @@ def _point_at(log: Path | None, root: Path) -> None:
             return
     except OSError:
         return
-    err.print(f"Dask's messages ({lines} line{'s' if lines > 1 else ''}): {log.relative_to(root)}",
-              style="dim", highlight=False, soft_wrap=True)
+    err.print(f"the job's log: {log.relative_to(root)} ({lines} line{'s' if lines > 1 else ''} from Dask and "
+              "the scorer)", style="dim", highlight=False, soft_wrap=True)
 
 
 def _is_size(text: str) -> bool:
