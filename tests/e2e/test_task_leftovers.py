@@ -148,3 +148,46 @@ def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_p
         and f"{started[0]} (" in said and f"{started[1]} (forked by a task, without an exec)" in said, status.stderr
     assert not any(_running(pid) for pid in started)
     assert not list((project.root / ".conveyor/runs").glob("*.session"))  # what named its session went with it
+
+
+HELD_FLOW = """
+import subprocess, sys
+from prefect import flow
+import conveyor
+
+@flow
+def mine():
+    conveyor.run_stages("configs/pipeline.yaml", force=True)
+
+mine()
+"""
+
+
+def test_what_a_killed_flow_runs_tasks_left_running_ends_with_the_next_command(
+        make_project: Callable[[], Project]) -> None:
+    """A deployment's flow run killed (a cancellation's SIGKILL, the OOM killer) inside
+    conveyor.run_stages: what its tasks started ends with the next command in the project, and what
+    they forked too where the flow run leads a session of its own (as Prefect's workspace starter
+    starts it)."""
+    project = _project(make_project, "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n", HOLD)
+    flow_run = subprocess.Popen([sys.executable, "-c", HELD_FLOW], cwd=project.root, env=project.env,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (project.root / "started.pid").exists():
+            assert flow_run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        flow_run.kill()
+        flow_run.wait(60)
+    finally:
+        if flow_run.poll() is None:
+            flow_run.kill()
+    started = [int(pid) for pid in (project.root / "started.pid").read_text().split()]
+    assert all(_running(pid) for pid in started)  # the kill left them
+
+    status = project.conveyor("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    said = next(line for line in status.stderr.splitlines() if "the killed run had left running" in line)
+    assert said.startswith("ended 2 processes the killed run had left running: ") \
+        and all(f"{pid} (" in said for pid in started), status.stderr
+    assert not any(_running(pid) for pid in started)

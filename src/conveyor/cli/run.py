@@ -185,16 +185,16 @@ def _recompiled_note(project: Project) -> str | None:
 def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:
     """Run the session's due stages as a Prefect flow: on the configured server, else a temporary one."""
     from conveyor.errors import PrefectServerGone
-    from conveyor.run.leftovers import mark_run
+    from conveyor.run.leftovers import marked
     from conveyor.run.record import begin, close_before_flow, fail_run, session_path
 
     # "running" from here on, before a temporary server starts (seconds): a run killed even
     # then leaves a record, which the next command settles as interrupted
     begin(project, session.selected, run_id, session.options.overrides).write(project.root)
-    # what its tasks start carries its id (or stays in its session): the next command ends it, were this one killed
-    mark_run(run_id, session_path(project.root, run_id))
     try:
-        return _flow_on_server(project, session, run_id, verbose)
+        # what its tasks start carries its id (or stays in its session): the next command ends it, were this killed
+        with marked(run_id, session_path(project.root, run_id)):
+            return _flow_on_server(project, session, run_id, verbose)
     except PrefectServerGone as exc:  # the stages keep their outcome; the run failed for the server
         fail_run(project, run_id, str(exc))
         raise
@@ -206,8 +206,6 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
         why = f"the run failed before it started: {short_error(exc)}"
         close_before_flow(project, run_id, interrupted=False, why=why)
         raise
-    finally:  # however it ended, it ended its leftovers itself (a kill never gets here)
-        session_path(project.root, run_id).unlink(missing_ok=True)
 
 
 def _flow_on_server(project: Project, session: RunSession, run_id: str, verbose: bool) -> RunRecord:

@@ -36,11 +36,11 @@ from conveyor.run import capture
 from conveyor.run.compare import artifact_rows
 from conveyor.run.environment import History
 from conveyor.run.failures import redacted, short_error
-from conveyor.run.leftovers import ended_after
+from conveyor.run.leftovers import ended_after, marked
 from conveyor.run.live import RunView
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, now
+from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, new_run_id, now, session_path
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
 from conveyor.run.stage import StageRunner
@@ -330,7 +330,9 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     ``session``: one already open and planned (``conveyor run``); else one is opened here.
     """
     if session is None:  # a flow of the user's (a deployment's, retrain): what its tasks left running ends here
-        with ended_after(_warn, new_only=True), open_session(project, options, warn=_warn) as opened:
+        run_id = run_id or new_run_id()
+        with ended_after(_warn, new_only=True), marked(run_id, session_path(project.root, run_id)), \
+                open_session(project, options, warn=_warn) as opened:
             return run_in_flow(project, options, run_id, session=opened)
     run = begin(project, session.selected, run_id, options.overrides, flow_run_id=str(flow_run.id or ""),
                 flow_run_url=_flow_run_url())

@@ -21,7 +21,7 @@ line. A ``conveyor run`` killed before it could (``kill -9``, the OOM killer) le
 command in the project, which settles the killed run's record: a run's process puts the run's id in
 its environment (:data:`RUN`), which what its tasks start inherits, and a run a warm runner forked
 leads a session of its own, which what its tasks fork without an exec stays in (its pid and start
-are written beside the run's record until it ends: :func:`mark_run`, :func:`end_killed_runs`). A
+are written beside the run's record until it ends: :func:`marked`, :func:`end_killed_runs`). A
 process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``) is
 init's by then: out of reach here, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
 """
@@ -108,22 +108,45 @@ def end_leftovers(grace_s: float = GRACE_S, before: frozenset[tuple[int, float]]
     return _end(leftovers(before), grace_s)
 
 
-def mark_run(run_id: str, session_file: Path) -> None:
-    """In a run's process: the processes its tasks start carry the run's id (:data:`RUN`), for a
-    later command to end them should this process be killed before it could (:func:`end_killed_runs`).
-    A process a task forks without an exec shows the environment its parent started with, not this
-    one's; when this process leads a session of its own (a run a warm runner forked), such forks stay
-    in it: ``session_file`` gets this process's pid and start, for the run's end to remove."""
+@contextlib.contextmanager
+def marked(run_id: str, session_file: Path) -> Iterator[None]:
+    """While a run runs in this process, the processes its tasks start carry the run's id
+    (:data:`RUN`), for a later command to end them should this process be killed before it could
+    (:func:`end_killed_runs`). A process a task forks without an exec shows the environment its
+    parent started with, not this one's; when this process leads a session of its own (a run a warm
+    runner forked; a deployment's flow run Prefect started in a group of its own), such forks stay
+    in it: ``session_file`` names this process and the run's start, and goes as the run ends."""
+    before = os.environ.get(RUN)
     os.environ[RUN] = run_id
-    if os.getsid(0) == os.getpid():
+    leads = os.getsid(0) == os.getpid()
+    if leads:
         with contextlib.suppress(OSError):  # a full disk: only the forks of a killed run go unfound
-            session_file.write_text(_me(), encoding="utf-8")
+            session_file.parent.mkdir(parents=True, exist_ok=True)
+            session_file.write_text(f"{_me()} {_now()}", encoding="utf-8")
+    try:
+        yield
+    finally:
+        if leads:
+            with contextlib.suppress(OSError):
+                session_file.unlink(missing_ok=True)
+        if before is None:
+            os.environ.pop(RUN, None)
+        else:
+            os.environ[RUN] = before
+
+
+def _now() -> int:
+    """Now, in the clock ticks since boot that /proc gives a process's start in."""
+    try:
+        return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def end_killed_runs(run_id: str, session_file: Path, grace_s: float = GRACE_S) -> list[str]:
     """What the run ``run_id``, killed (``kill -9``, the OOM killer) before it could end its tasks'
     leftovers, left running: the user's processes started with its id, and those still in its session
-    (``session_file``, :func:`mark_run`), but what is kept on purpose."""
+    (``session_file``, :func:`marked`), but what is kept on purpose."""
     import psutil
 
     session = _dead_session(session_file)
@@ -154,21 +177,21 @@ def _stat(pid: int) -> tuple[int, int] | None:
 
 
 def _dead_session(session_file: Path) -> tuple[str, int, int, float] | None:
-    """The killed run's session as (the run as :func:`_me` names it, the session's id, the run's start,
-    the start of a later process given the run's pid, if any: what started after that may be in that
-    one's session), None if none."""
+    """The killed run's session as (its process as :func:`_me` names it, the session's id, the run's
+    start, the start of a later process given that pid, if any: what started after that may be in
+    that one's session), None if none."""
     try:
-        named = session_file.read_text(encoding="utf-8").strip()
+        named, run_start = session_file.read_text(encoding="utf-8").split()
         pid, _, start = named.partition(".")
-        leader, began = int(pid), int(start)
+        leader, began, ran = int(pid), int(start), int(run_start)
     except (OSError, ValueError):
         return None
     now = _stat(leader)
     if now is None:
-        return named, leader, began, float("inf")
+        return named, leader, ran, float("inf")
     if now[1] == began:  # the run's process is there after all: not a killed run's leftovers
         return None
-    return named, leader, began, now[1]
+    return named, leader, ran, now[1]
 
 
 def _in_session(pid: int, session: tuple[str, int, int, float]) -> bool:
