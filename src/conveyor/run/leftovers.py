@@ -19,9 +19,10 @@ process still under it is a leftover of its tasks, but for
 Each leftover gets SIGTERM, then SIGKILL after :data:`GRACE_S`, and the command says which, in one
 line. A ``conveyor run`` killed before it could (``kill -9``, the OOM killer) leaves them to the next
 command in the project, which settles the killed run's record: a run's process puts the run's id in
-its environment (:data:`RUN`), which what its tasks start inherits, and a run a warm runner forked
-leads a session of its own, which what its tasks fork without an exec stays in (its pid and start
-are written beside the run's record until it ends: :func:`marked`, :func:`end_killed_runs`). A
+its environment (:data:`RUN`), which what its tasks start inherits, and a run that leads a session
+of its own (a warm runner's fork; a flow run Prefect started so) has what its tasks fork without an
+exec in it (its pid and start are written beside the run's record until it ends: :func:`marked`,
+:func:`end_killed_runs`). A
 process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``) is
 init's by then: out of reach here, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
 """
