@@ -22,9 +22,9 @@ command in the project, which settles the killed run's record: a run's process p
 its environment (:data:`RUN`), which what its tasks start inherits, and a run that leads a session
 of its own (a warm runner's fork; a flow run Prefect started so) has what its tasks fork without an
 exec in it (its pid and start are written beside the run's record until it ends: :func:`marked`,
-:func:`end_killed_runs`). A
-process that detached itself (a daemon's double fork, ``nohup cmd &`` through ``os.system``) is
-init's by then: out of reach here, as it is of ``dvc repro`` (a ``cmd`` stage's guard catches those).
+:func:`end_killed_runs`). A process that detached itself (a daemon's double fork, ``nohup cmd &``
+through ``os.system``) is init's by then: out of reach here, as it is of ``dvc repro`` (a ``cmd``
+stage's guard catches those).
 """
 
 from __future__ import annotations
