@@ -9,6 +9,8 @@ is in test_existing_cluster.py.)
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from parquet_damage import damage_page
 from projects import LINEAR_FEATURES as FEATURES
-from projects import Project, linear_model
+from projects import LINEAR_TASKS, Project, linear_model
 from projects import linear_scores as expected
 from repos import git_dvc_init
 
@@ -95,6 +97,45 @@ def test_workers_too_small_for_a_partition_end_the_job_saying_so_instead_of_wait
     assert named.startswith("the job's log: .conveyor/predict/") and "from Dask and the scorer)" in named, small.stderr
     log = linear_project.root / named.split()[3]
     assert log.parent == linear_project.root / ".conveyor/predict" and "memory" in log.read_text()
+    assert (linear_project.root / "scores.parquet").read_bytes() == b"previous scores"
+    assert not list(linear_project.root.glob(".scores.parquet*"))
+    assert not linear_project.left_running()
+
+
+HELD_SCORER = LINEAR_TASKS + """
+
+def predict(model, rows):  # the second file's rows (x0 == 1) are held until the job is interrupted
+    import time
+    while rows["x0"].iloc[0] == 1.0:
+        time.sleep(0.05)
+    return rows.to_numpy() @ np.asarray(model["weights"]) + model["bias"]
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_job_and_leaves_the_previous_scores_as_they_were(linear_project: Project) -> None:
+    linear_project.write("tasks/linear.py", HELD_SCORER)
+    (linear_project.root / "in").mkdir()
+    for n in (0, 1):  # two files, two partitions: the first scored (the staging file written), the second held
+        frame = pd.DataFrame({f: np.full(1000, float(n)) for f in FEATURES}).assign(key=np.arange(1000) + 1000 * n)
+        frame.to_parquet(linear_project.root / f"in/part-{n}.parquet")
+    (linear_project.root / "scores.parquet").write_bytes(b"previous scores")
+
+    job = linear_project.popen("predict", "-i", "in/*.parquet", "-o", "scores.parquet", "--workers", "1")
+    try:
+        deadline = time.monotonic() + 120
+        while not list(linear_project.root.glob(".scores.parquet.conveyor-tmp-*")):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        screen = job.communicate(timeout=60)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 130, screen
+    assert screen.strip().splitlines()[-1] == ("interrupted (SIGINT): scoring stopped, the workers started for it "
+                                               "too; scores.parquet is as it was"), screen
+    assert "Traceback" not in screen
     assert (linear_project.root / "scores.parquet").read_bytes() == b"previous scores"
     assert not list(linear_project.root.glob(".scores.parquet*"))
     assert not linear_project.left_running()

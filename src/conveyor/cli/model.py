@@ -56,17 +56,20 @@ def predict(
                             blocksize=blocksize)
     log = _job_log(project.root)
     try:
-        with _captured(log) as terminal:
-            bar = Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
-                           TimeElapsedColumn(), console=terminal, transient=True)
-            task = bar.add_task("scoring", total=None)
-            with Profiles(profiles) as started, bar:
-                client = started.get(name).client
-                assert client is not None  # options_of refuses thread pools
-                scored = batch.run(job, frame, project.root, client, owned=name == batch.SWARM,
-                                   progress=lambda done, total: bar.update(task, completed=done, total=total))
-    finally:
-        _point_at(log, project.root)
+        try:
+            with _captured(log) as terminal:
+                bar = Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
+                               TimeElapsedColumn(), console=terminal, transient=True)
+                task = bar.add_task("scoring", total=None)
+                with Profiles(profiles) as started, bar:
+                    client = started.get(name).client
+                    assert client is not None  # options_of refuses thread pools
+                    scored = batch.run(job, frame, project.root, client, owned=name == batch.SWARM,
+                                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+        finally:
+            _point_at(log, project.root)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, a closed terminal: the cluster closed, the staging file gone
+        signals.stopped(err, f"scoring stopped, the workers started for it too; {output} is as it was")
     out.print(batch.describe(scored), highlight=False, soft_wrap=True)
 
 
