@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from parquet_damage import damage_page
 from projects import LINEAR_FEATURES as FEATURES
-from projects import LINEAR_TASKS, Project, linear_model
+from projects import LINEAR_SPEC, LINEAR_TASKS, Project, linear_model
 from projects import linear_scores as expected
 from repos import git_dvc_init
 
@@ -121,11 +121,14 @@ def test_ctrl_c_stops_a_job_and_leaves_the_previous_scores_as_they_were(linear_p
         frame.to_parquet(linear_project.root / f"in/part-{n}.parquet")
     (linear_project.root / "scores.parquet").write_bytes(b"previous scores")
 
-    job = linear_project.popen("predict", "-i", "in/*.parquet", "-o", "scores.parquet", "--workers", "1")
+    # one worker with two threads: the held partition holds one, whichever Dask gives it first
+    linear_project.write("configs/pipeline.yaml", LINEAR_SPEC.replace(
+        "stages:", "profiles:\n  two: {kind: dask, n_workers: 1, threads_per_worker: 2}\nstages:", 1))
+    job = linear_project.popen("predict", "-i", "in/*.parquet", "-o", "scores.parquet", "--profile", "two")
     try:
         deadline = time.monotonic() + 120
         while not list(linear_project.root.glob(".scores.parquet.conveyor-tmp-*")):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended, or never scored the first file"
             time.sleep(0.05)
         job.send_signal(signal.SIGINT)
         screen = job.communicate(timeout=60)[0]
