@@ -186,14 +186,14 @@ def _run_flow(project: Project, session: RunSession, run_id: str, verbose: bool)
     """Run the session's due stages as a Prefect flow: on the configured server, else a temporary one."""
     from conveyor.errors import PrefectServerGone
     from conveyor.run.leftovers import marked
-    from conveyor.run.record import begin, close_before_flow, fail_run, session_path
+    from conveyor.run.record import begin, close_before_flow, fail_run
 
     # "running" from here on, before a temporary server starts (seconds): a run killed even
     # then leaves a record, which the next command settles as interrupted
     begin(project, session.selected, run_id, session.options.overrides).write(project.root)
     try:
         # what its tasks start carries its id (or stays in its session): the next command ends it, were this killed
-        with marked(run_id, session_path(project.root, run_id)):
+        with marked(run_id, project.root):
             return _flow_on_server(project, session, run_id, verbose)
     except PrefectServerGone as exc:  # the stages keep their outcome; the run failed for the server
         fail_run(project, run_id, str(exc))

@@ -40,7 +40,7 @@ from conveyor.run.leftovers import ended_after, marked
 from conveyor.run.live import RunView
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, new_run_id, now, session_path
+from conveyor.run.record import INTERRUPTED, RUNNING, RunEvents, RunRecord, begin, new_run_id, now
 from conveyor.run.schedule import Outcome, Schedule
 from conveyor.run.session import UP_TO_DATE, RunOptions, RunSession, check_options, open_session
 from conveyor.run.stage import StageRunner
@@ -331,7 +331,7 @@ def run_in_flow(project: Project, options: RunOptions, run_id: str | None = None
     """
     if session is None:  # a flow of the user's (a deployment's, retrain): what its tasks left running ends here
         run_id = run_id or new_run_id()
-        with ended_after(_warn, new_only=True), marked(run_id, session_path(project.root, run_id)), \
+        with ended_after(_warn, new_only=True), marked(run_id, project.root), \
                 open_session(project, options, warn=_warn) as opened:
             return run_in_flow(project, options, run_id, session=opened)
     run = begin(project, session.selected, run_id, options.overrides, flow_run_id=str(flow_run.id or ""),

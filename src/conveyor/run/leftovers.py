@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.workspace import state_dir
+
 if TYPE_CHECKING:
     import psutil
 
@@ -53,11 +55,8 @@ def outliving(env: Mapping[str, str]) -> dict[str, str]:
 def _me() -> str:
     """This process: its pid and its start (in clock ticks since boot), which a later process given the
     same pid does not share."""
-    try:
-        started = Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        started = ""
-    return f"{os.getpid()}.{started}"
+    found = _stat(os.getpid())
+    return f"{os.getpid()}.{found[1] if found is not None else ''}"
 
 
 def existing() -> frozenset[tuple[int, float]]:
@@ -109,16 +108,23 @@ def end_leftovers(grace_s: float = GRACE_S, before: frozenset[tuple[int, float]]
     return _end(leftovers(before), grace_s)
 
 
+def _session_file(root: Path, run_id: str) -> Path:
+    """Where a running run's process, leading a session of its own, names itself, beside its record."""
+    return state_dir(root) / "runs" / f"{run_id}.session"
+
+
 @contextlib.contextmanager
-def marked(run_id: str, session_file: Path) -> Iterator[None]:
+def marked(run_id: str, root: Path) -> Iterator[None]:
     """While a run runs in this process, the processes its tasks start carry the run's id
     (:data:`RUN`), for a later command to end them should this process be killed before it could
     (:func:`end_killed_runs`). A process a task forks without an exec shows the environment its
     parent started with, not this one's; when this process leads a session of its own (a run a warm
     runner forked; a deployment's flow run Prefect started in a group of its own), such forks stay
-    in it: ``session_file`` names this process and the run's start, and goes as the run ends."""
+    in it: a file beside the run's record names this process and the run's start, and goes as the
+    run ends."""
     before = os.environ.get(RUN)
     os.environ[RUN] = run_id
+    session_file = _session_file(root, run_id)
     leads = os.getsid(0) == os.getpid()
     if leads:
         with contextlib.suppress(OSError):  # a full disk: only the forks of a killed run go unfound
@@ -144,12 +150,13 @@ def _now() -> int:
         return 0
 
 
-def end_killed_runs(run_id: str, session_file: Path, grace_s: float = GRACE_S) -> list[str]:
-    """What the run ``run_id``, killed (``kill -9``, the OOM killer) before it could end its tasks'
-    leftovers, left running: the user's processes started with its id, and those still in its session
-    (``session_file``, :func:`marked`), but what is kept on purpose."""
+def end_killed_runs(run_id: str, root: Path, grace_s: float = GRACE_S) -> list[str]:
+    """What the run ``run_id`` of the project at ``root``, killed (``kill -9``, the OOM killer) before it
+    could end its tasks' leftovers, left running: the user's processes started with its id, and those
+    still in its session (:func:`marked`), but what is kept on purpose."""
     import psutil
 
+    session_file = _session_file(root, run_id)
     session = _dead_session(session_file)
     found = []
     for proc in psutil.process_iter():

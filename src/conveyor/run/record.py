@@ -217,12 +217,6 @@ def events_path(root: Path, run_id: str) -> Path:
     return state_dir(root) / "runs" / f"{run_id}.events"
 
 
-def session_path(root: Path, run_id: str) -> Path:
-    """Where a running run's process, leading a session of its own, says which it is
-    (:func:`conveyor.run.leftovers.mark_run`)."""
-    return state_dir(root) / "runs" / f"{run_id}.session"
-
-
 def settle_killed_run(root: Path) -> RunRecord | None:
     """The last run, if it was killed (its record still says ``running``): recorded as
     interrupted from its events, and returned; None when it ended on its own.

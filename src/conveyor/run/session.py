@@ -27,7 +27,7 @@ from conveyor.run.journal import KEPT_RECORDED, RECOVERED, Journal
 from conveyor.run.leftovers import end_killed_runs
 from conveyor.run.metrics import stage_metrics
 from conveyor.run.profiles import Profiles
-from conveyor.run.record import RUNNING, RunRecord, begin, now, read_latest, session_path, settle_killed_run
+from conveyor.run.record import RUNNING, RunRecord, begin, now, read_latest, settle_killed_run
 from conveyor.run.schedule import Outcome
 from conveyor.spec.project import Project
 from conveyor.workspace import run_holder, run_lock
@@ -150,7 +150,7 @@ def recover_killed(project: Project, warn: Callable[[str], None], *, settle: boo
     killed = settle_killed_run(root) if settle else None
     if killed is not None:
         warn(KILLED.format(run=killed.run_id, stages=", ".join(killed.interrupted) or "no stage"))
-        if ended := end_killed_runs(killed.run_id, session_path(root, killed.run_id)):
+        if ended := end_killed_runs(killed.run_id, root):
             warn(f"ended {len(ended)} process{'es' if len(ended) > 1 else ''} the killed run had left running: "
                  f"{', '.join(ended)}")
     return recovered.restored
