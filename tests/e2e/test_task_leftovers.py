@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 from projects import Project
@@ -117,36 +118,53 @@ HOLD = """
 """
 
 
+HOLDING = "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n"
+
+
+def _killed_while_holding(project: Project, proc: subprocess.Popen[Any], victim: Callable[[], int]) -> list[int]:
+    """Once ``hold`` has started its processes, SIGKILL the process ``victim()`` names and wait for
+    ``proc``; the pids the task started, which the kill left running."""
+    try:
+        deadline = time.monotonic() + 120
+        while not (project.root / "started.pid").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended, or its task never started"
+            time.sleep(0.05)
+        os.kill(victim(), signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    started = [int(pid) for pid in (project.root / "started.pid").read_text().split()]
+    assert all(_running(pid) for pid in started)  # the kill left them
+    return started
+
+
+def _ended_by_the_next_command(project: Project, started: list[int]) -> tuple[str, str]:
+    """``conveyor status`` after the kill: it ends what the killed run left; its stderr and that line."""
+    status = project.conveyor("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    said = next(line for line in status.stderr.splitlines() if "the killed run had left running" in line)
+    assert said.startswith("ended 2 processes the killed run had left running: ") \
+        and all(f"{pid} (" in said for pid in started), status.stderr
+    assert not any(_running(pid) for pid in started)
+    return status.stderr, said
+
+
 def test_what_a_killed_runs_tasks_left_running_ends_with_the_next_command(make_project: Callable[[], Project]) -> None:
     """kill -9 of the run (or the OOM killer): nothing of it can end what its tasks started; the next
     command, which settles the killed run's record, does. The task's fork kept neither the run lock
     nor DVC's meanwhile: DVC answers at once, and the next command can settle the run."""
-    project = _project(make_project, "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n", HOLD)
+    project = _project(make_project, HOLDING, HOLD)
     project.init_dvc()
     assert project.conveyor("compile").returncode == 0  # dvc.lock is the record: the run holds DVC's lock
     run = project.popen("run")
-    try:
-        deadline = time.monotonic() + 120
-        while not (project.root / "started.pid").exists():
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended, or its task never started"
-            time.sleep(0.05)
-        os.kill(project.run_pid(run), signal.SIGKILL)
-        run.wait(60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    started = [int(pid) for pid in (project.root / "started.pid").read_text().split()]
-    assert all(_running(pid) for pid in started)  # the kill left them
+    started = _killed_while_holding(project, run, lambda: project.run_pid(run))
     dvc = project.sh("dvc", "status", check=False)
     assert dvc.returncode == 0 and "hold" in dvc.stdout, dvc.stdout + dvc.stderr  # not "Unable to acquire lock"
 
-    status = project.conveyor("status")
-    assert status.returncode == 0, status.stdout + status.stderr
-    assert "the last run" in status.stderr and "was killed while hold ran" in status.stderr, status.stderr
-    said = next(line for line in status.stderr.splitlines() if "the killed run had left running" in line)
-    assert said.startswith("ended 2 processes the killed run had left running: ") \
-        and f"{started[0]} (" in said and f"{started[1]} (forked by a task, without an exec)" in said, status.stderr
-    assert not any(_running(pid) for pid in started)
+    stderr, said = _ended_by_the_next_command(project, started)
+    assert "the last run" in stderr and "was killed while hold ran" in stderr, stderr
+    assert f"{started[1]} (forked by a task, without an exec)" in said, said
     assert not list((project.root / ".conveyor/runs").glob("*.session"))  # what named its session went with it
 
 
@@ -169,25 +187,7 @@ def test_what_a_killed_flow_runs_tasks_left_running_ends_with_the_next_command(
     conveyor.run_stages: what its tasks started ends with the next command in the project, and what
     they forked too where the flow run leads a session of its own (as Prefect's workspace starter
     starts it)."""
-    project = _project(make_project, "pipeline: killed\nstages:\n  hold: {task: tasks.work:hold, outs: [o]}\n", HOLD)
+    project = _project(make_project, HOLDING, HOLD)
     flow_run = subprocess.Popen([sys.executable, "-c", HELD_FLOW], cwd=project.root, env=project.env,
                                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not (project.root / "started.pid").exists():
-            assert flow_run.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        flow_run.kill()
-        flow_run.wait(60)
-    finally:
-        if flow_run.poll() is None:
-            flow_run.kill()
-    started = [int(pid) for pid in (project.root / "started.pid").read_text().split()]
-    assert all(_running(pid) for pid in started)  # the kill left them
-
-    status = project.conveyor("status")
-    assert status.returncode == 0, status.stdout + status.stderr
-    said = next(line for line in status.stderr.splitlines() if "the killed run had left running" in line)
-    assert said.startswith("ended 2 processes the killed run had left running: ") \
-        and all(f"{pid} (" in said for pid in started), status.stderr
-    assert not any(_running(pid) for pid in started)
+    _ended_by_the_next_command(project, _killed_while_holding(project, flow_run, lambda: flow_run.pid))
